@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ff_format.h"
 #include "ff_format_internal.h"
@@ -83,6 +84,8 @@ static bool read_device_types(ff_jobj *top, const char *base_dir, ff_diag *d, ff
   const cJSON *arr = ff_jobj_array(top, "device_types", true, 1, 256);
   if (!arr)
     return false;
+  char base[FF_PATH_MAX];
+  ff_jobj_path(top, "device_types", base, sizeof base);
   c->devices = calloc((size_t)cJSON_GetArraySize(arr), sizeof *c->devices);
   if (!c->devices)
     return false;
@@ -90,21 +93,19 @@ static bool read_device_types(ff_jobj *top, const char *base_dir, ff_diag *d, ff
   int i = 0;
   for (const cJSON *e = arr->child; e; e = e->next, i++) {
     char p[FF_PATH_MAX];
-    snprintf(p, sizeof p, "device_types[%d]", i);
+    snprintf(p, sizeof p, "%s[%d]", base, i);
     ff_device *dev = &c->devices[i];
     if (cJSON_IsString(e)) {
       char *file = ff_path_join(base_dir ? base_dir : ".", e->valuestring);
       if (!file)
         return false;
-      /* Errors inside the device file name that file; say who referenced it first. */
-      int before = d->errors;
-      ff_status st = ff_load_device(file, d, dev);
+      /* Errors inside the device file name that file; the reference says where it came from. */
+      ff_status st = ff_load_referenced(file, p, "device file", d);
+      if (st == FF_OK)
+        st = ff_load_device(file, d, dev);
       if (st != FF_OK) {
-        if (d->errors == before)
-          ff_diag_error(d, p, "cannot read device file \"%s\"", e->valuestring);
-        else
-          ff_diag_error(d, p, "device file \"%s\" (%s) is not valid; see above", e->valuestring,
-                        file);
+        if (access(file, R_OK) == 0)
+          ff_diag_error(d, p, "device file \"%s\" is not valid (errors above)", e->valuestring);
         free(file);
         ok = false;
         c->n_devices = i + 1;
@@ -124,8 +125,8 @@ static bool read_device_types(ff_jobj *top, const char *base_dir, ff_diag *d, ff
     c->n_devices = i + 1;
     for (int j = 0; ok && j < i; j++) {
       if (strcmp(c->devices[j].name, dev->name) == 0) {
-        ff_diag_error(d, p, "device type \"%s\" is defined twice (also device_types[%d])",
-                      dev->name, j);
+        ff_diag_error(d, p, "device type \"%s\" is defined twice (also %s[%d])", dev->name,
+                      base, j);
         ok = false;
       }
     }
@@ -142,7 +143,8 @@ static bool read_node(ff_diag *d, const cJSON *e, const char *p, ff_cluster *c, 
   bool ok = ff_jobj_name(&o, "name", true, node->name);
   bool have_device = ff_jobj_name(&o, "device", true, device);
   ok &= have_device;
-  ok &= ff_jobj_int(&o, "gpus", true, 1, 1024, &gpus);
+  if (!ff_jobj_int(&o, "gpus", true, 1, 1024, &gpus))
+    gpus = 0;
   node->gpus = (int)gpus;
   node->device = -1;
   node->group = -1;
@@ -156,38 +158,46 @@ static bool read_node(ff_diag *d, const cJSON *e, const char *p, ff_cluster *c, 
       ok = false;
     }
   }
+  bool gpus_ok = gpus > 0, island_ok = gpus_ok;
+  ok &= gpus_ok;
   island = gpus;
   if (ff_jobj_get(&o, "island_gpus", false)) {
-    if (ff_jobj_int(&o, "island_gpus", false, 1, gpus > 0 ? gpus : 1024, &island)) {
-      if (gpus > 0 && gpus % island != 0) {
-        char q[FF_PATH_MAX];
-        ff_jobj_path(&o, "island_gpus", q, sizeof q);
-        ff_diag_error(d, q, "%lld does not divide gpus (%lld)", (long long)island,
-                      (long long)gpus);
-        ok = false;
-      }
-    } else {
-      ok = false;
+    island_ok = ff_jobj_int(&o, "island_gpus", false, 1, gpus_ok ? gpus : 1024, &island);
+    if (island_ok && gpus_ok && gpus % island != 0) {
+      char q[FF_PATH_MAX];
+      ff_jobj_path(&o, "island_gpus", q, sizeof q);
+      ff_diag_error(d, q, "%lld does not divide gpus (%lld)", (long long)island, (long long)gpus);
+      island_ok = false;
     }
+    ok &= island_ok;
   }
   node->island_gpus = (int)island;
-  if (island > 1)
-    ok &= read_link(&o, &node->island, true, "island_bandwidth_gb_per_s", "island_latency_us");
-  else {
-    ok &= forbid(&o, "island_bandwidth_gb_per_s", "island_gpus is 1 (no fast-link island)");
-    ok &= forbid(&o, "island_latency_us", "island_gpus is 1 (no fast-link island)");
-  }
-  if (island < gpus)
-    ok &= read_link(&o, &node->intra, true, "intra_bandwidth_gb_per_s", "intra_latency_us");
-  else {
-    ok &= forbid(&o, "intra_bandwidth_gb_per_s", "the whole node is one island");
-    ok &= forbid(&o, "intra_latency_us", "the whole node is one island");
+  static const char *const link_keys[] = {"island_bandwidth_gb_per_s", "island_latency_us",
+                                          "intra_bandwidth_gb_per_s", "intra_latency_us"};
+  if (!gpus_ok || !island_ok) {
+    /* Which link keys belong depends on gpus and island_gpus; with either wrong, any verdict
+     * on them would be a guess. Mark them known and move on. */
+    for (int k = 0; k < 4; k++)
+      ff_jobj_get(&o, link_keys[k], false);
+  } else {
+    if (island > 1)
+      ok &= read_link(&o, &node->island, true, link_keys[0], link_keys[1]);
+    else {
+      ok &= forbid(&o, link_keys[0], "island_gpus is 1 (no fast-link island)");
+      ok &= forbid(&o, link_keys[1], "island_gpus is 1 (no fast-link island)");
+    }
+    if (island < gpus)
+      ok &= read_link(&o, &node->intra, true, link_keys[2], link_keys[3]);
+    else {
+      ok &= forbid(&o, link_keys[2], "the whole node is one island");
+      ok &= forbid(&o, link_keys[3], "the whole node is one island");
+    }
   }
   ff_jobj_close(&o);
   return ok;
 }
 
-static bool index_nodes(ff_diag *d, ff_cluster *c) {
+static bool index_nodes(ff_diag *d, ff_cluster *c, const char *nodes_path) {
   c->node_by_name = malloc((size_t)c->n_nodes * sizeof *c->node_by_name);
   if (!c->node_by_name)
     return false;
@@ -202,9 +212,9 @@ static bool index_nodes(ff_diag *d, ff_cluster *c) {
     if (strcmp(c->nodes[a].name, c->nodes[b].name) == 0) {
       char p[FF_PATH_MAX];
       int first = a < b ? a : b, second = a < b ? b : a;
-      snprintf(p, sizeof p, "nodes[%d].name", second);
-      ff_diag_error(d, p, "node name \"%s\" is used twice (also nodes[%d])", c->nodes[b].name,
-                    first);
+      snprintf(p, sizeof p, "%s[%d].name", nodes_path, second);
+      ff_diag_error(d, p, "node name \"%s\" is used twice (also %s[%d])", c->nodes[b].name,
+                    nodes_path, first);
       ok = false;
     }
   }
@@ -226,6 +236,8 @@ static bool read_groups(ff_jobj *no, ff_diag *d, ff_cluster *c) {
   const cJSON *arr = ff_jobj_array(no, "groups", false, 0, CLUSTER_MAX_NODES);
   if (!arr)
     return !ff_jobj_get(no, "groups", false);
+  char base[FF_PATH_MAX];
+  ff_jobj_path(no, "groups", base, sizeof base);
   int n = cJSON_GetArraySize(arr);
   c->groups = calloc((size_t)n ? (size_t)n : 1, sizeof *c->groups);
   if (!c->groups)
@@ -234,7 +246,7 @@ static bool read_groups(ff_jobj *no, ff_diag *d, ff_cluster *c) {
   int i = 0;
   for (const cJSON *e = arr->child; e; e = e->next, i++) {
     char p[FF_PATH_MAX];
-    snprintf(p, sizeof p, "network.groups[%d]", i);
+    snprintf(p, sizeof p, "%s[%d]", base, i);
     ff_net_group *g = &c->groups[i];
     c->n_groups = i + 1;
     ff_jobj o;
@@ -245,8 +257,7 @@ static bool read_groups(ff_jobj *no, ff_diag *d, ff_cluster *c) {
     ok &= ff_jobj_name(&o, "name", true, g->name);
     for (int j = 0; j < i; j++) {
       if (g->name[0] && strcmp(c->groups[j].name, g->name) == 0) {
-        ff_diag_error(d, p, "group name \"%s\" is used twice (also network.groups[%d])", g->name,
-                      j);
+        ff_diag_error(d, p, "group name \"%s\" is used twice (also %s[%d])", g->name, base, j);
         ok = false;
       }
     }
@@ -288,6 +299,8 @@ static bool read_overrides(ff_jobj *no, ff_diag *d, ff_cluster *c) {
   const cJSON *arr = ff_jobj_array(no, "overrides", false, 0, CLUSTER_MAX_NODES);
   if (!arr)
     return !ff_jobj_get(no, "overrides", false);
+  char base[FF_PATH_MAX];
+  ff_jobj_path(no, "overrides", base, sizeof base);
   int n = cJSON_GetArraySize(arr);
   c->overrides = calloc((size_t)n ? (size_t)n : 1, sizeof *c->overrides);
   if (!c->overrides)
@@ -296,7 +309,7 @@ static bool read_overrides(ff_jobj *no, ff_diag *d, ff_cluster *c) {
   int i = 0;
   for (const cJSON *e = arr->child; e; e = e->next, i++) {
     char p[FF_PATH_MAX], q[FF_PATH_MAX];
-    snprintf(p, sizeof p, "network.overrides[%d]", i);
+    snprintf(p, sizeof p, "%s[%d]", base, i);
     ff_net_override *ov = &c->overrides[i];
     ov->node_a = ov->node_b = -1;
     c->n_overrides = i + 1;
@@ -326,7 +339,7 @@ static bool read_overrides(ff_jobj *no, ff_diag *d, ff_cluster *c) {
           const ff_net_override *x = &c->overrides[j];
           if ((x->node_a == ov->node_a && x->node_b == ov->node_b) ||
               (x->node_a == ov->node_b && x->node_b == ov->node_a)) {
-            ff_diag_error(d, q, "this pair already has an override (network.overrides[%d])", j);
+            ff_diag_error(d, q, "this pair already has an override (%s[%d])", base, j);
             ok = false;
           }
         }
@@ -345,14 +358,17 @@ static bool read_network(ff_jobj *top, ff_diag *d, ff_cluster *c) {
   if (!net)
     return c->n_nodes <= 1;
   ff_jobj no;
-  if (!ff_jobj_open(&no, d, net, "network"))
+  char np[FF_PATH_MAX], dp[FF_PATH_MAX];
+  ff_jobj_path(top, "network", np, sizeof np);
+  if (!ff_jobj_open(&no, d, net, np))
     return false;
   c->has_network = true;
   bool ok = true;
   const cJSON *def = ff_jobj_get(&no, "default", true);
   if (def) {
     ff_jobj lo;
-    if (ff_jobj_open(&lo, d, def, "network.default")) {
+    ff_jobj_path(&no, "default", dp, sizeof dp);
+    if (ff_jobj_open(&lo, d, def, dp)) {
       ok &= read_link(&lo, &c->net_default, true, "bandwidth_gb_per_s", "latency_us");
       ff_jobj_close(&lo);
     } else {
@@ -370,9 +386,9 @@ static bool read_network(ff_jobj *top, ff_diag *d, ff_cluster *c) {
 ff_status ff_cluster_from_json(const cJSON *v, const char *path, bool inline_ok,
                                const char *base_dir, ff_diag *d, ff_cluster *out) {
   memset(out, 0, sizeof *out);
+  int errors_before = d->errors;
   ff_jobj o;
-  (void)path;
-  if (!ff_jobj_open(&o, d, v, ""))
+  if (!ff_jobj_open(&o, d, v, path))
     return FF_ERR_INPUT;
   bool ok = ff_format_key(&o, FF_FORMAT_CLUSTER, inline_ok);
   ok &= ff_jobj_name(&o, "name", true, out->name);
@@ -381,30 +397,35 @@ ff_status ff_cluster_from_json(const cJSON *v, const char *path, bool inline_ok,
   bool devices_ok = read_device_types(&o, base_dir, d, out);
   ok &= devices_ok;
   const cJSON *nodes = ff_jobj_array(&o, "nodes", true, 1, CLUSTER_MAX_NODES);
+  char nodes_path[FF_PATH_MAX];
+  ff_jobj_path(&o, "nodes", nodes_path, sizeof nodes_path);
   if (nodes && devices_ok) {
     out->nodes = calloc((size_t)cJSON_GetArraySize(nodes), sizeof *out->nodes);
     if (!out->nodes) {
       ff_cluster_free(out);
       return FF_ERR_RUNTIME;
     }
+    bool nodes_ok = true;
     int i = 0;
     for (const cJSON *e = nodes->child; e; e = e->next, i++) {
       char p[FF_PATH_MAX];
-      snprintf(p, sizeof p, "nodes[%d]", i);
-      ok &= read_node(d, e, p, out, &out->nodes[i]);
+      snprintf(p, sizeof p, "%s[%d]", nodes_path, i);
+      nodes_ok &= read_node(d, e, p, out, &out->nodes[i]);
       out->total_gpus += out->nodes[i].gpus;
     }
     out->n_nodes = i;
-    if (!index_nodes(d, out))
-      ok = false;
-    else
+    nodes_ok = index_nodes(d, out, nodes_path) && nodes_ok;
+    /* Network references are checked only against well-formed nodes, so one bad node name
+     * does not also show up as a dangling reference. */
+    if (nodes_ok)
       ok &= read_network(&o, d, out);
+    ok &= nodes_ok;
   } else {
     ok = false;
-    ff_jobj_get(&o, "network", false); /* known key, even when the nodes were not readable */
   }
+  ff_jobj_get(&o, "network", false); /* a known key even when it was not read */
   ff_jobj_close(&o);
-  if (!ok || !ff_diag_ok(d)) {
+  if (!ok || d->errors > errors_before) {
     ff_cluster_free(out);
     return FF_ERR_INPUT;
   }

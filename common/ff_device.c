@@ -87,6 +87,7 @@ static bool read_layers(ff_diag *d, const cJSON *arr, const char *path, ff_devic
 ff_status ff_device_from_json(const cJSON *v, const char *path, bool inline_ok, ff_diag *d,
                               ff_device *out) {
   memset(out, 0, sizeof *out);
+  int errors_before = d->errors;
   ff_jobj o;
   if (!ff_jobj_open(&o, d, v, path))
     return FF_ERR_INPUT;
@@ -159,7 +160,7 @@ ff_status ff_device_from_json(const cJSON *v, const char *path, bool inline_ok, 
     }
   }
   ff_jobj_close(&o);
-  if (!ok || !ff_diag_ok(d)) {
+  if (!ok || d->errors > errors_before) {
     ff_device_free(out);
     return FF_ERR_INPUT;
   }

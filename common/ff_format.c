@@ -5,7 +5,10 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
+#include <unistd.h>
+#include "ff_format_internal.h"
 
 const char *const ff_format_ids[FF_FORMAT_COUNT] = {"ff-device/1", "ff-cluster/1", "ff-model/1",
                                                     "ff-training/1", "ff-plan/1"};
@@ -31,7 +34,9 @@ ff_format_kind ff_format_detect(const cJSON *root, ff_diag *d) {
     return FF_FORMAT_UNKNOWN;
   }
   if (!cJSON_IsString(f)) {
-    ff_diag_error(d, "format", "expected a string (one of: %s)", known);
+    ff_diag_error(d, "format", "expected a string (one of: %s), got %s", known,
+                  cJSON_IsNumber(f) ? "a number" : cJSON_IsBool(f) ? "a boolean"
+                  : cJSON_IsNull(f) ? "null" : cJSON_IsArray(f) ? "an array" : "an object");
     return FF_FORMAT_UNKNOWN;
   }
   for (int i = 0; i < FF_FORMAT_COUNT; i++)
@@ -81,6 +86,14 @@ void ff_digest_json(const cJSON *v, char out[32]) {
   ff_buf_free(&b);
 }
 
+ff_status ff_load_referenced(const char *file, const char *path, const char *what, ff_diag *d) {
+  if (access(file, R_OK) == 0)
+    return FF_OK;
+  int err = errno;
+  ff_diag_error(d, path, "cannot read %s \"%s\": %s", what, file, strerror(err));
+  return FF_ERR_INPUT;
+}
+
 typedef ff_status (*loader_fn)(const cJSON *root, const char *base_dir, ff_diag *d, void *out);
 
 /* Parse `file`, check it declares `want`, and hand the tree to the format's reader. */
@@ -111,7 +124,7 @@ static ff_status load_as(const char *file, ff_format_kind want, ff_diag *d, void
     }
   }
   cJSON_Delete(root);
-  d->file = saved ? saved : file;
+  d->file = saved;
   return st;
 }
 
@@ -138,12 +151,12 @@ ff_status ff_canonical_text(const char *file, ff_diag *d, ff_buf *out, ff_format
   *kind = FF_FORMAT_UNKNOWN;
   ff_status st = ff_json_load(file, d, &root);
   if (st != FF_OK) {
-    d->file = saved ? saved : file;
+    d->file = saved;
     return st;
   }
   *kind = ff_format_detect(root, d);
   cJSON_Delete(root);
-  d->file = saved ? saved : file;
+  d->file = saved;
   if (*kind == FF_FORMAT_UNKNOWN)
     return FF_ERR_INPUT;
   cJSON *tree = NULL;

@@ -126,13 +126,16 @@ static size_t utf8_sequence(const unsigned char *s, size_t n) {
   return need;
 }
 
-/* Reject what cJSON would accept silently or choke on: NUL bytes, invalid UTF-8, \u0000 (which
- * would cut a string short), and nesting deeper than FF_JSON_MAX_DEPTH. */
-static bool prescan(const char *text, size_t len, ff_diag *d) {
+/* Reject what cJSON would accept silently or choke on: NUL bytes, invalid UTF-8, raw control
+ * characters in strings, \u0000 (which would cut a string short), numbers with leading zeros,
+ * and nesting deeper than FF_JSON_MAX_DEPTH. *truncated tells whether the text ends inside a
+ * string or an open object or array. */
+static bool prescan(const char *text, size_t len, ff_diag *d, bool *truncated) {
   const unsigned char *s = (const unsigned char *)text;
   int depth = 0;
-  bool in_string = false;
+  bool in_string = false, escaped = false;
   int line, col;
+  *truncated = false;
   for (size_t i = 0; i < len;) {
     unsigned c = s[i];
     if (c == 0) {
@@ -150,16 +153,23 @@ static bool prescan(const char *text, size_t len, ff_diag *d) {
                     line, col, i);
       return false;
     }
-    if (in_string) {
-      if (c == '\\' && i + 1 < len) {
-        if (s[i + 1] == 'u' && i + 5 < len && memcmp(s + i + 2, "0000", 4) == 0) {
+    if (in_string && escaped) {
+      escaped = false; /* the escaped character: checked above as any byte, meaning aside */
+    } else if (in_string) {
+      if (c < 0x20) {
+        line_col(text, i, &line, &col);
+        ff_diag_error(d, NULL, "line %d column %d: control character 0x%02x inside a string "
+                      "(write it as an escape such as \\n)", line, col, c);
+        return false;
+      }
+      if (c == '\\') {
+        if (i + 5 < len && s[i + 1] == 'u' && memcmp(s + i + 2, "0000", 4) == 0) {
           line_col(text, i, &line, &col);
           ff_diag_error(d, NULL, "line %d column %d: \\u0000 is not allowed in strings", line,
                         col);
           return false;
         }
-        i += 2;
-        continue;
+        escaped = true;
       }
       if (c == '"')
         in_string = false;
@@ -174,10 +184,44 @@ static bool prescan(const char *text, size_t len, ff_diag *d) {
       }
     } else if (c == '}' || c == ']') {
       depth--;
+    } else if (c == '0' && i + 1 < len && s[i + 1] >= '0' && s[i + 1] <= '9') {
+      size_t j = i;
+      if (j > 0 && s[j - 1] == '-')
+        j--;
+      unsigned prev = j > 0 ? s[j - 1] : ' ';
+      if (!((prev >= '0' && prev <= '9') || prev == '.' || prev == 'e' || prev == 'E' ||
+            prev == '+' || prev == '-')) {
+        line_col(text, i, &line, &col);
+        ff_diag_error(d, NULL, "line %d column %d: number with a leading zero (JSON numbers "
+                      "do not start with 0 unless they are 0)", line, col);
+        return false;
+      }
     }
     i += n;
   }
+  *truncated = in_string || depth > 0;
   return true;
+}
+
+/* A short, single-line excerpt of the text at offset, for syntax errors. */
+static void excerpt(const char *text, size_t len, size_t offset, char *out, size_t cap) {
+  size_t j = 0;
+  for (size_t i = offset; i < len && j + 1 < cap && i < offset + 16; i++) {
+    unsigned char c = (unsigned char)text[i];
+    if (c == '\n' || c == '\r')
+      break;
+    if (c >= 0x80) { /* keep whole UTF-8 sequences only */
+      size_t n = utf8_sequence((const unsigned char *)text + i, len - i);
+      if (n == 0 || j + n + 1 > cap)
+        break;
+      memcpy(out + j, text + i, n);
+      j += n;
+      i += n - 1;
+      continue;
+    }
+    out[j++] = c < 0x20 ? ' ' : (char)c;
+  }
+  out[j] = '\0';
 }
 
 static int cmp_cstr(const void *a, const void *b) {
@@ -246,21 +290,33 @@ ff_status ff_json_parse(const char *text, size_t len, ff_diag *d, cJSON **out) {
     ff_diag_error(d, NULL, "file is empty; expected a JSON object with a \"format\" key");
     return FF_ERR_INPUT;
   }
-  if (!prescan(text, len, d))
+  bool truncated = false;
+  if (!prescan(text, len, d, &truncated))
     return FF_ERR_INPUT;
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
   int line, col;
   if (!root) {
-    const char *at = end ? end : cJSON_GetErrorPtr();
-    size_t offset = at && at >= text && at <= text + len ? (size_t)(at - text) : len;
-    line_col(text, offset, &line, &col);
-    if (offset >= len)
+    if (truncated) {
+      line_col(text, len, &line, &col);
       ff_diag_error(d, NULL, "line %d column %d: unexpected end of file; the JSON is truncated",
                     line, col);
-    else
-      ff_diag_error(d, NULL, "line %d column %d: JSON syntax error near '%.16s'", line, col,
-                    text + offset);
+      return FF_ERR_INPUT;
+    }
+    const char *at = end ? end : cJSON_GetErrorPtr();
+    size_t offset = at && at >= text && at <= text + len ? (size_t)(at - text) : len;
+    /* Where cJSON expected a key it reports one byte past the offending token. */
+    if (offset > 0 && offset <= len && !strchr(" \t\r\n,:[{", text[offset - 1]))
+      offset--;
+    line_col(text, offset, &line, &col);
+    if (offset >= len) {
+      ff_diag_error(d, NULL, "line %d column %d: unexpected end of file; the JSON is truncated",
+                    line, col);
+    } else {
+      char near[64];
+      excerpt(text, len, offset, near, sizeof near);
+      ff_diag_error(d, NULL, "line %d column %d: JSON syntax error near '%s'", line, col, near);
+    }
     return FF_ERR_INPUT;
   }
   size_t offset = (size_t)(end - text);
@@ -324,7 +380,7 @@ static void preview(const cJSON *v, char *out, size_t cap) {
         j += (size_t)snprintf(out + j, cap - j, "\\x%02x", c);
       else
         out[j++] = (char)c;
-      if (i >= 40 && s[i + 1]) {
+      if (i >= 40 && s[i + 1] && ((unsigned char)s[i + 1] & 0xC0) != 0x80) {
         memcpy(out + j, "...", 3);
         j += 3;
         break;
@@ -382,7 +438,10 @@ static void interval_text(ff_interval iv, char *out, size_t cap) {
   char lo[32], hi[32];
   ff_format_double(iv.lo, lo);
   ff_format_double(iv.hi, hi);
-  snprintf(out, cap, "%c%s, %s%c", iv.lo_open ? '(' : '[', lo, hi, iv.hi_open ? ')' : ']');
+  if (iv.hi >= 1e300) /* open-ended: say so rather than print a sentinel */
+    snprintf(out, cap, "%s %s", iv.lo_open ? ">" : ">=", lo);
+  else
+    snprintf(out, cap, "%c%s, %s%c", iv.lo_open ? '(' : '[', lo, hi, iv.hi_open ? ')' : ']');
 }
 
 bool ff_json_as_num(ff_diag *d, const cJSON *v, const char *path, ff_interval iv, double *out) {
@@ -401,7 +460,8 @@ bool ff_json_as_num(ff_diag *d, const cJSON *v, const char *path, ff_interval iv
   bool above = iv.hi_open ? x >= iv.hi : x > iv.hi;
   if (below || above) {
     interval_text(iv, range, sizeof range);
-    ff_diag_error(d, path, "%s is out of range (expected a number in %s)", num, range);
+    ff_diag_error(d, path, "%s is out of range (expected a number %s%s)", num,
+                  iv.hi >= 1e300 ? "" : "in ", range);
     return false;
   }
   *out = x;
@@ -676,11 +736,16 @@ void ff_jobj_close(ff_jobj *o) {
     list[0] = '\0';
     for (int i = 0; i < o->n_known && j < sizeof list; i++)
       j += (size_t)snprintf(list + j, sizeof list - j, "%s%s", i ? ", " : "", o->known[i]);
-    ff_jobj_path(o, c->string, p, sizeof p);
-    if (hint)
-      ff_diag_error(o->diag, p, "unknown key \"%s\" (did you mean \"%s\"?)", c->string, hint);
+    char key[80];
+    if (strlen(c->string) > 64)
+      snprintf(key, sizeof key, "%.61s...", c->string);
     else
-      ff_diag_error(o->diag, p, "unknown key \"%s\" (expected one of: %s)", c->string, list);
+      snprintf(key, sizeof key, "%s", c->string);
+    ff_jobj_path(o, key, p, sizeof p);
+    if (hint)
+      ff_diag_error(o->diag, p, "unknown key \"%s\" (did you mean \"%s\"?)", key, hint);
+    else
+      ff_diag_error(o->diag, p, "unknown key \"%s\" (expected one of: %s)", key, list);
   }
 }
 

@@ -26,6 +26,7 @@ static const char *const activation_names[] = {"swiglu", NULL};
 ff_status ff_model_from_json(const cJSON *v, const char *path, bool inline_ok, ff_diag *d,
                              ff_model *out) {
   memset(out, 0, sizeof *out);
+  int errors_before = d->errors;
   ff_jobj o;
   if (!ff_jobj_open(&o, d, v, path))
     return FF_ERR_INPUT;
@@ -76,7 +77,7 @@ ff_status ff_model_from_json(const cJSON *v, const char *path, bool inline_ok, f
                   (long long)out->heads);
     ok = false;
   }
-  if (!ok || !ff_diag_ok(d)) {
+  if (!ok || d->errors > errors_before) {
     ff_model_free(out);
     return FF_ERR_INPUT;
   }
@@ -116,11 +117,13 @@ static bool read_micro_batch_sizes(ff_jobj *o, ff_diag *d, ff_training *t) {
   const cJSON *arr = ff_jobj_array(o, "micro_batch_sizes", true, 1, FF_MAX_MICRO_BATCH_SIZES);
   if (!arr)
     return false;
+  char base[FF_PATH_MAX];
+  ff_jobj_path(o, "micro_batch_sizes", base, sizeof base);
   bool ok = true;
   int i = 0;
   for (const cJSON *e = arr->child; e; e = e->next, i++) {
     char p[FF_PATH_MAX];
-    snprintf(p, sizeof p, "micro_batch_sizes[%d]", i);
+    snprintf(p, sizeof p, "%s[%d]", base, i);
     if (!ff_json_as_int(d, e, p, 1, 65536, &t->micro_batch_sizes[i])) {
       ok = false;
     } else if (i > 0 && ok && t->micro_batch_sizes[i] <= t->micro_batch_sizes[i - 1]) {
@@ -144,7 +147,9 @@ static bool read_optimizer(ff_jobj *top, ff_diag *d, ff_training *t) {
   if (!v)
     return true;
   ff_jobj o;
-  if (!ff_jobj_open(&o, d, v, "optimizer"))
+  char p[FF_PATH_MAX];
+  ff_jobj_path(top, "optimizer", p, sizeof p);
+  if (!ff_jobj_open(&o, d, v, p))
     return false;
   bool ok = true;
   const ff_interval beta = {0, 1, false, true};
@@ -167,12 +172,16 @@ static bool read_optimizer(ff_jobj *top, ff_diag *d, ff_training *t) {
 static bool read_lr_schedule(ff_jobj *top, ff_diag *d, ff_training *t) {
   t->warmup_steps = 0;
   t->decay = FF_DECAY_COSINE;
-  t->min_lr = t->lr / 10;
+  char tenth[32]; /* lr/10 to 15 digits, so the default reads as written: 3e-05, not 2.9999…e-05 */
+  snprintf(tenth, sizeof tenth, "%.15g", t->lr / 10);
+  t->min_lr = strtod(tenth, NULL);
   const cJSON *v = ff_jobj_get(top, "lr_schedule", false);
   if (!v)
     return true;
   ff_jobj o;
-  if (!ff_jobj_open(&o, d, v, "lr_schedule"))
+  char p[FF_PATH_MAX];
+  ff_jobj_path(top, "lr_schedule", p, sizeof p);
+  if (!ff_jobj_open(&o, d, v, p))
     return false;
   bool ok = true;
   int decay = 0;
@@ -192,6 +201,7 @@ static bool read_lr_schedule(ff_jobj *top, ff_diag *d, ff_training *t) {
 ff_status ff_training_from_json(const cJSON *v, const char *path, bool inline_ok, ff_diag *d,
                                 ff_training *out) {
   memset(out, 0, sizeof *out);
+  int errors_before = d->errors;
   ff_jobj o;
   if (!ff_jobj_open(&o, d, v, path))
     return FF_ERR_INPUT;
@@ -220,7 +230,7 @@ ff_status ff_training_from_json(const cJSON *v, const char *path, bool inline_ok
   ok &= read_optimizer(&o, d, out);
   ok &= read_lr_schedule(&o, d, out);
   ff_jobj_close(&o);
-  if (!ok || !ff_diag_ok(d)) {
+  if (!ok || d->errors > errors_before) {
     ff_training_free(out);
     return FF_ERR_INPUT;
   }

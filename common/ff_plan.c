@@ -71,18 +71,17 @@ static bool read_input(ff_jobj *inputs, const char *key, const char *base_dir, f
     char *file = ff_path_join(base_dir ? base_dir : ".", v->valuestring);
     if (!file)
       return false;
-    int before = d->errors;
-    ff_status st = FF_ERR_INPUT;
-    switch (kind) {
-    case FF_FORMAT_MODEL: st = ff_load_model(file, d, out); break;
-    case FF_FORMAT_TRAINING: st = ff_load_training(file, d, out); break;
-    case FF_FORMAT_CLUSTER: st = ff_load_cluster(file, d, out); break;
-    default: break;
+    ff_status st = ff_load_referenced(file, p, "input file", d);
+    if (st == FF_OK) {
+      switch (kind) {
+      case FF_FORMAT_MODEL: st = ff_load_model(file, d, out); break;
+      case FF_FORMAT_TRAINING: st = ff_load_training(file, d, out); break;
+      case FF_FORMAT_CLUSTER: st = ff_load_cluster(file, d, out); break;
+      default: st = FF_ERR_INPUT; break;
+      }
+      if (st != FF_OK)
+        ff_diag_error(d, p, "input file \"%s\" is not valid (errors above)", v->valuestring);
     }
-    if (st != FF_OK && d->errors == before)
-      ff_diag_error(d, p, "cannot read \"%s\"", file);
-    else if (st != FF_OK)
-      ff_diag_error(d, p, "input file \"%s\" is not valid; see above", file);
     free(file);
     return st == FF_OK;
   }
@@ -91,18 +90,10 @@ static bool read_input(ff_jobj *inputs, const char *key, const char *base_dir, f
     return false;
   }
   ff_status st = FF_ERR_INPUT;
-  /* Nested errors would carry "inputs.model." only for the model and training readers, which
-   * take a path; the cluster reader reports cluster-relative paths, so say where it sits. */
   switch (kind) {
   case FF_FORMAT_MODEL: st = ff_model_from_json(v, p, true, d, out); break;
   case FF_FORMAT_TRAINING: st = ff_training_from_json(v, p, true, d, out); break;
-  case FF_FORMAT_CLUSTER: {
-    int before = d->errors;
-    st = ff_cluster_from_json(v, p, true, base_dir, d, out);
-    if (st != FF_OK && d->errors > before)
-      ff_diag_error(d, p, "the cluster above (paths relative to %s) is not valid", p);
-    break;
-  }
+  case FF_FORMAT_CLUSTER: st = ff_cluster_from_json(v, p, true, base_dir, d, out); break;
   default: break;
   }
   return st == FF_OK;
@@ -117,7 +108,9 @@ static bool digest_valid(const char *s) {
   return true;
 }
 
-static bool read_digests(ff_jobj *inputs, ff_diag *d) {
+/* Digests, when present, must match the inputs: an input edited after planning is reported
+ * (delete "digests" to accept the edit; writers add fresh ones). */
+static bool read_digests(ff_jobj *inputs, ff_diag *d, const ff_plan *plan, bool inputs_ok) {
   const cJSON *v = ff_jobj_get(inputs, "digests", false);
   if (!v)
     return true;
@@ -132,10 +125,25 @@ static bool read_digests(ff_jobj *inputs, ff_diag *d) {
       ok = false;
       continue;
     }
+    char p[FF_PATH_MAX];
+    ff_jobj_path(&o, keys[i], p, sizeof p);
     if (!cJSON_IsString(s) || !digest_valid(s->valuestring)) {
-      char p[FF_PATH_MAX];
-      ff_jobj_path(&o, keys[i], p, sizeof p);
       ff_diag_error(d, p, "expected \"fnv1a64:\" followed by 16 lower-case hex digits");
+      ok = false;
+      continue;
+    }
+    if (!inputs_ok)
+      continue;
+    cJSON *tree = i == 0   ? ff_model_to_json(&plan->model, false)
+                  : i == 1 ? ff_training_to_json(&plan->training, false)
+                           : ff_cluster_to_json(&plan->cluster, false, true);
+    char want[32];
+    ff_digest_json(tree, want);
+    cJSON_Delete(tree);
+    if (strcmp(want, s->valuestring) != 0) {
+      ff_diag_error(d, p, "does not match inputs.%s (its digest is %s): the input was changed "
+                    "after planning; re-plan, or delete \"digests\" to accept the change",
+                    keys[i], want);
       ok = false;
     }
   }
@@ -151,7 +159,7 @@ typedef struct plan_ctx {
   int64_t next_rank;
 } plan_ctx;
 
-static bool read_rank(plan_ctx *c, const cJSON *v, const char *p, const ff_plan_stage *stage,
+static bool read_rank(plan_ctx *c, const cJSON *v, const char *p, bool wants_vocab,
                       ff_plan_rank *r) {
   ff_jobj o;
   const ff_cluster *cl = &c->plan->cluster;
@@ -168,6 +176,7 @@ static bool read_rank(plan_ctx *c, const cJSON *v, const char *p, const ff_plan_
                   "then TP index, from 0 without gaps)", (long long)r->rank,
                   (long long)c->next_rank);
     ok = false;
+    c->next_rank = r->rank; /* report one break in the numbering, not every rank after it */
   }
   c->next_rank++;
   r->node = -1;
@@ -205,7 +214,6 @@ static bool read_rank(plan_ctx *c, const cJSON *v, const char *p, const ff_plan_
     r->kv_heads = (ff_span){s[0], s[1]};
   if ((ok &= ff_jobj_span(&o, "ffn", true, 0, m->ffn_hidden, s)))
     r->ffn = (ff_span){s[0], s[1]};
-  bool wants_vocab = stage->embedding || stage->lm_head;
   if (wants_vocab) {
     if ((ok &= ff_jobj_span(&o, "vocab", true, 0, m->vocab, s)))
       r->vocab = (ff_span){s[0], s[1]};
@@ -255,7 +263,7 @@ static bool check_tiling(plan_ctx *c, const char *stage_path, const ff_plan_stag
   return true;
 }
 
-static bool check_stage_shards(plan_ctx *c, const char *p, const ff_plan_stage *s) {
+static bool check_stage_shards(plan_ctx *c, const char *p, const ff_plan_stage *s, bool ends) {
   const ff_model *m = &c->plan->model;
   const ff_cluster *cl = &c->plan->cluster;
   bool ok = true;
@@ -271,7 +279,7 @@ static bool check_stage_shards(plan_ctx *c, const char *p, const ff_plan_stage *
   }
   ok &= check_tiling(c, p, s, offsetof(ff_plan_rank, heads), "heads", m->heads, "heads");
   ok &= check_tiling(c, p, s, offsetof(ff_plan_rank, ffn), "ffn", m->ffn_hidden, "FFN columns");
-  if (s->embedding || s->lm_head)
+  if (ends)
     ok &= check_tiling(c, p, s, offsetof(ff_plan_rank, vocab), "vocab", m->vocab,
                        "vocabulary rows");
   int64_t group = m->heads / m->kv_heads;
@@ -296,6 +304,7 @@ static bool read_stage(plan_ctx *c, const cJSON *v, const char *p, int index, in
                        ff_plan_stage *s) {
   ff_jobj o;
   const ff_model *m = &c->plan->model;
+  char q[FF_PATH_MAX];
   if (!ff_jobj_open(&o, c->d, v, p))
     return false;
   int64_t span[2];
@@ -306,9 +315,18 @@ static bool read_stage(plan_ctx *c, const cJSON *v, const char *p, int index, in
   ok &= ff_jobj_bool(&o, "lm_head", true, &s->lm_head);
   int recompute = 0;
   static const char *const stage_recompute[] = {"none", "selective", "full", NULL};
-  ok &= ff_jobj_enum(&o, "recompute", true, stage_recompute, &recompute);
+  const cJSON *rv = ff_jobj_get(&o, "recompute", true);
+  if (rv && cJSON_IsString(rv) && strcmp(rv->valuestring, "auto") == 0) {
+    ff_jobj_path(&o, "recompute", q, sizeof q);
+    ff_diag_error(c->d, q, "\"auto\" is for training settings; a plan's stage says what it does: "
+                  "none, selective or full");
+    ok = false;
+  } else if (rv) {
+    ok &= ff_jobj_enum(&o, "recompute", true, stage_recompute, &recompute);
+  } else {
+    ok = false;
+  }
   s->recompute = (ff_recompute)recompute;
-  char q[FF_PATH_MAX];
   if (ok && s->embedding != (index == 0)) {
     ff_jobj_path(&o, "embedding", q, sizeof q);
     ff_diag_error(c->d, q, index == 0 ? "must be true: the first stage holds the embedding"
@@ -347,11 +365,13 @@ static bool read_stage(plan_ctx *c, const cJSON *v, const char *p, int index, in
       ff_jobj_path(&o, "ranks", q, sizeof q);
       char r[FF_PATH_MAX];
       snprintf(r, sizeof r, "%s[%d]", q, i);
-      ranks_ok &= read_rank(c, e, r, s, &s->ranks[i]);
+      /* Vocabulary rows belong on the first and last stage (where embedding and LM head must
+       * be), whatever the stage's flags say: a wrong flag is reported once, above. */
+      ranks_ok &= read_rank(c, e, r, index == 0 || index == n_stages - 1, &s->ranks[i]);
     }
     s->n_ranks = i;
     if (ranks_ok && ok)
-      ranks_ok = check_stage_shards(c, p, s);
+      ranks_ok = check_stage_shards(c, p, s, index == 0 || index == n_stages - 1);
     ok &= ranks_ok;
   } else {
     ok = false;
@@ -440,6 +460,7 @@ static bool read_pipeline(plan_ctx *c, const cJSON *v, const char *p, ff_plan_pi
 typedef struct gpu_use {
   int node, gpu;
   int64_t rank;
+  int pipeline, stage, index;
 } gpu_use;
 
 static int cmp_gpu_use(const void *a, const void *b) {
@@ -461,15 +482,18 @@ static bool check_gpus_unique(plan_ctx *c) {
     for (int s = 0; s < plan->pipelines[p].n_stages; s++)
       for (int r = 0; r < plan->pipelines[p].stages[s].n_ranks; r++) {
         const ff_plan_rank *rk = &plan->pipelines[p].stages[s].ranks[r];
-        uses[n++] = (gpu_use){rk->node, rk->gpu, rk->rank};
+        uses[n++] = (gpu_use){rk->node, rk->gpu, rk->rank, p, s, r};
       }
   qsort(uses, (size_t)n, sizeof *uses, cmp_gpu_use);
   bool ok = true;
   for (int64_t i = 1; i < n && ok; i++) {
     if (uses[i].node == uses[i - 1].node && uses[i].gpu == uses[i - 1].gpu) {
-      ff_diag_error(c->d, "pipelines", "ranks %lld and %lld both use node \"%s\" gpu %d (every "
-                    "GPU at most once)", (long long)uses[i - 1].rank, (long long)uses[i].rank,
-                    plan->cluster.nodes[uses[i].node].name, uses[i].gpu);
+      char q[FF_PATH_MAX];
+      snprintf(q, sizeof q, "pipelines[%d].stages[%d].ranks[%d].gpu", uses[i].pipeline,
+               uses[i].stage, uses[i].index);
+      ff_diag_error(c->d, q, "node \"%s\" gpu %d is already used by rank %lld (every GPU at most "
+                    "once)", plan->cluster.nodes[uses[i].node].name, uses[i].gpu,
+                    (long long)uses[i - 1].rank);
       ok = false;
     }
   }
@@ -529,6 +553,7 @@ static bool read_search(ff_jobj *top, ff_diag *d, ff_plan *plan) {
 
 ff_status ff_plan_from_json(const cJSON *v, const char *base_dir, ff_diag *d, ff_plan *out) {
   memset(out, 0, sizeof *out);
+  int errors_before = d->errors;
   ff_jobj o;
   if (!ff_jobj_open(&o, d, v, ""))
     return FF_ERR_INPUT;
@@ -544,7 +569,7 @@ ff_status ff_plan_from_json(const cJSON *v, const char *base_dir, ff_diag *d, ff
       bool training_ok =
           read_input(&io, "training", base_dir, d, FF_FORMAT_TRAINING, &out->training);
       bool cluster_ok = read_input(&io, "cluster", base_dir, d, FF_FORMAT_CLUSTER, &out->cluster);
-      bool digests_ok = read_digests(&io, d);
+      bool digests_ok = read_digests(&io, d, out, model_ok && training_ok && cluster_ok);
       ff_jobj_close(&io);
       inputs_ok = model_ok && training_ok && cluster_ok && digests_ok;
     }
@@ -585,7 +610,7 @@ ff_status ff_plan_from_json(const cJSON *v, const char *base_dir, ff_diag *d, ff
   ok &= read_predicted(&o, plan_pred_keys, &out->predicted);
   ok &= read_search(&o, d, out);
   ff_jobj_close(&o);
-  if (!ok || !ff_diag_ok(d)) {
+  if (!ok || d->errors > errors_before) {
     ff_plan_free(out);
     return FF_ERR_INPUT;
   }

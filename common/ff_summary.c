@@ -88,7 +88,7 @@ ff_status ff_validate_file(const char *file, ff_diag *d, char *summary, size_t c
   ff_status st = ff_json_load(file, d, &root);
   ff_format_kind kind = st == FF_OK ? ff_format_detect(root, d) : FF_FORMAT_UNKNOWN;
   cJSON_Delete(root);
-  d->file = saved ? saved : file;
+  d->file = saved;
   if (st != FF_OK)
     return st;
   if (kind == FF_FORMAT_UNKNOWN)

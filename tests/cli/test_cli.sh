@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# test_cli.sh FFPLAN FFRUN — the command lines as a user meets them: help and version, exit
+# statuses (0 ok, 1 runtime, 2 bad input), no output file written or truncated on bad input,
+# fmt --check, and ffrun --dry-run alone and under mpirun.
+set -u
+ffplan=$1
+ffrun=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+failures=0
+checks=0
+
+expect_status() { # want description command...
+  local want=$1 what=$2
+  shift 2
+  checks=$((checks + 1))
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local got=$?
+  if [ "$got" != "$want" ]; then
+    echo "FAIL: $what: exit status $got, expected $want"
+    sed 's/^/  | /' "$tmp/out" "$tmp/err" | head -20
+    failures=$((failures + 1))
+  fi
+}
+
+expect_grep() { # file pattern description
+  checks=$((checks + 1))
+  if ! grep -q -- "$2" "$1"; then
+    echo "FAIL: $3: no line matching '$2' in:"
+    sed 's/^/  | /' "$1" | head -20
+    failures=$((failures + 1))
+  fi
+}
+
+expect_status 0 "ffplan --help" "$ffplan" --help
+expect_grep "$tmp/out" "validate FILE" "ffplan --help lists validate"
+expect_status 0 "ffplan --version" "$ffplan" --version
+expect_grep "$tmp/out" "^ffplan [0-9]" "ffplan --version prints the version"
+expect_status 0 "ffrun --help" "$ffrun" --help
+expect_status 0 "ffrun --version" "$ffrun" --version
+expect_grep "$tmp/out" "^ffrun [0-9]" "ffrun --version prints the version"
+expect_status 2 "ffplan with no command" "$ffplan"
+expect_status 2 "ffplan unknown command" "$ffplan" frobnicate
+expect_status 2 "ffplan validate without files" "$ffplan" validate
+
+# Every shipped file validates, with one summary line each.
+expect_status 0 "validate every shipped profile" "$ffplan" validate profiles/*/*.json
+count=$(ls profiles/*/*.json | wc -l)
+checks=$((checks + 1))
+if [ "$(grep -c ': ok: ' "$tmp/out")" != "$count" ]; then
+  echo "FAIL: expected $count summary lines"; failures=$((failures + 1))
+fi
+
+# Bad input: status 2, message with file and path, and no output written.
+printf '{"format": "ff-model/1", "name": "m", "layers": 0}' >"$tmp/bad.json"
+expect_status 2 "validate a bad model" "$ffplan" validate "$tmp/bad.json"
+expect_grep "$tmp/err" "bad.json: layers: 0 is out of range" "the error names file and path"
+expect_status 2 "fmt of a bad file" "$ffplan" fmt "$tmp/bad.json" -o "$tmp/new.json"
+checks=$((checks + 1))
+[ -e "$tmp/new.json" ] && { echo "FAIL: fmt wrote output for bad input"; failures=$((failures + 1)); }
+echo "precious" >"$tmp/keep.json"
+expect_status 2 "fmt of a bad file over an existing output" "$ffplan" fmt "$tmp/bad.json" -o "$tmp/keep.json"
+checks=$((checks + 1))
+[ "$(cat "$tmp/keep.json")" = "precious" ] || { echo "FAIL: existing output was changed"; failures=$((failures + 1)); }
+checks=$((checks + 1))
+ls "$tmp" | grep -q '\.tmp\.' && { echo "FAIL: a temporary file was left behind"; failures=$((failures + 1)); }
+expect_status 2 "validate a missing file" "$ffplan" validate "$tmp/none.json"
+expect_grep "$tmp/err" "cannot open" "a missing file says it cannot be opened"
+expect_status 2 "validate a directory" "$ffplan" validate "$tmp"
+expect_status 2 "a bad file among good ones" "$ffplan" validate profiles/models/tiny.json "$tmp/bad.json"
+expect_grep "$tmp/out" "tiny.json: ok" "good files are still summarised"
+
+# fmt: canonical output, --check, --in-place.
+sed 's/  / /g' profiles/models/tiny.json >"$tmp/tiny.json"
+expect_status 1 "fmt --check of a non-canonical file" "$ffplan" fmt --check "$tmp/tiny.json"
+expect_grep "$tmp/err" "not in canonical form" "fmt --check says why"
+expect_status 0 "fmt --in-place" "$ffplan" fmt --in-place "$tmp/tiny.json"
+checks=$((checks + 1))
+cmp -s "$tmp/tiny.json" profiles/models/tiny.json || { echo "FAIL: fmt --in-place did not restore the canonical bytes"; failures=$((failures + 1)); }
+expect_status 0 "fmt --check of shipped files" "$ffplan" fmt --check profiles/*/*.json
+
+# ffrun --dry-run: one line per rank, alone and under mpirun.
+expect_status 0 "ffrun --dry-run" "$ffrun" --dry-run profiles/plans/tiny-asym.json
+checks=$((checks + 1))
+[ "$(grep -vc '^#' "$tmp/out")" = 6 ] || { echo "FAIL: expected 6 rank lines"; cat "$tmp/out"; failures=$((failures + 1)); }
+expect_grep "$tmp/out" "emb+head" "the role table shows what each stage holds"
+expect_status 0 "ffrun --dry-run --backend cpu" "$ffrun" --dry-run --backend cpu profiles/plans/h100-8-llama-2-7b.json
+expect_grep "$tmp/out" "backend: cpu" "--backend cpu is honoured"
+expect_status 2 "ffrun on a bad plan" "$ffrun" --dry-run "$tmp/bad.json"
+expect_status 2 "ffrun without --dry-run" "$ffrun" profiles/plans/tiny-asym.json
+expect_status 2 "ffrun with a bad backend" "$ffrun" --dry-run --backend tpu profiles/plans/tiny-asym.json
+if command -v mpirun >/dev/null; then
+  # LeakSanitizer's tracer cannot follow Open MPI's threads; the MPI runs check everything else.
+  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+  expect_status 0 "mpirun -np 6 ffrun --dry-run" mpirun --oversubscribe -np 6 "$ffrun" --dry-run profiles/plans/tiny-asym.json
+  expect_grep "$tmp/out" "6 MPI processes" "under mpirun every process reports its role"
+  checks=$((checks + 1))
+  [ "$(grep -vc '^#' "$tmp/out")" = 6 ] || { echo "FAIL: expected 6 rank lines under mpirun"; failures=$((failures + 1)); }
+  checks=$((checks + 1))
+  if mpirun --oversubscribe -np 2 "$ffrun" --dry-run profiles/plans/tiny-asym.json >"$tmp/out" 2>&1; then
+    echo "FAIL: a launch with the wrong number of processes succeeded"; failures=$((failures + 1))
+  fi
+  expect_grep "$tmp/out" "the plan has 6 ranks but 2 processes" "a wrong process count is explained"
+fi
+
+echo "cli: $checks checks, $failures failed"
+[ "$failures" -eq 0 ]

@@ -3,6 +3,7 @@
  *
  *   ffplan validate FILE...     read any of our formats, report errors or a one-line summary
  *   ffplan fmt FILE [-o OUT]    write a file in canonical form (--check: only say if it is)
+ *   ffplan simulate PLAN        the cost model's account of a plan (--json for tools)
  *
  * Subcommands that search, simulate and compare plans join this table as they are built. */
 #include <stdbool.h>
@@ -12,6 +13,7 @@
 
 #include "ff_format.h"
 #include "ff_version.h"
+#include "ffplan_cmds.h"
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -27,6 +29,8 @@ static void usage(FILE *out) {
           "  fmt FILE [-o OUT]         write FILE in canonical form to OUT (default: stdout)\n"
           "  fmt --check FILE...       exit 1 if a file is not in canonical form\n"
           "  fmt --in-place FILE...    rewrite files in canonical form\n"
+          "  simulate PLAN [--json]    predicted time, memory, MFU per rank, stage and pipeline,\n"
+          "                            and the critical path (exit 3 if memory overflows)\n"
           "\n"
           "options:\n"
           "  -h, --help                show this help\n"
@@ -144,6 +148,8 @@ int main(int argc, char **argv) {
     return cmd_validate(argc - 2, argv + 2);
   if (strcmp(cmd, "fmt") == 0)
     return cmd_fmt(argc - 2, argv + 2);
+  if (strcmp(cmd, "simulate") == 0)
+    return ffplan_cmd_simulate(argc - 2, argv + 2);
   fprintf(stderr, "ffplan: unknown command \"%s\" (see ffplan --help)\n", cmd);
   return FF_ERR_INPUT;
 }

@@ -1,0 +1,230 @@
+/* ff_cost.c — FLOPs, memory and time of the pieces of a plan; formulas and sources in
+ * docs/cost-model.md. Pure functions of their arguments: the planner calls them millions of
+ * times, so nothing here allocates. */
+#include "ff_cost.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+const char *const ff_mem_item_names[FF_MEM_COUNT] = {
+    "weights", "gradients", "master_weights", "optimizer", "activations", "logits", "reserve"};
+
+/* ---- FLOPs ------------------------------------------------------------------------------ */
+
+double ff_flops_layer_matmul_params(const ff_model *m) {
+  double h = (double)m->hidden, head_dim = (double)(m->hidden / m->heads);
+  double attention = 2.0 * h * h + 2.0 * h * (double)m->kv_heads * head_dim; /* q, o; k, v */
+  double mlp = 3.0 * h * (double)m->ffn_hidden;                                /* gate, up, down */
+  return attention + mlp;
+}
+
+double ff_flops_layer_forward(const ff_model *m, double b) {
+  double s = (double)m->seq_len, h = (double)m->hidden;
+  return 2.0 * b * s * ff_flops_layer_matmul_params(m) + 4.0 * b * s * s * h;
+}
+
+double ff_flops_layer_recompute(const ff_model *m, double b, ff_recompute rc) {
+  double s = (double)m->seq_len, h = (double)m->hidden;
+  switch (rc) {
+  case FF_RECOMPUTE_SELECTIVE: return 4.0 * b * s * s * h;
+  case FF_RECOMPUTE_FULL: return ff_flops_layer_forward(m, b);
+  default: return 0.0;
+  }
+}
+
+double ff_flops_head_forward(const ff_model *m, double b) {
+  return 2.0 * b * (double)m->seq_len * (double)m->hidden * (double)m->vocab;
+}
+
+double ff_flops_model_per_token(const ff_model *m) {
+  double n = (double)m->layers * ff_flops_layer_matmul_params(m) +
+             (double)m->vocab * (double)m->hidden;
+  return 6.0 * n + 12.0 * (double)m->layers * (double)m->hidden * (double)m->seq_len;
+}
+
+double ff_flops_gpt_per_sequence(double s, double l, double h, double V) {
+  return 72.0 * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * l * h));
+}
+
+double ff_flops_gpt_selective_hardware_per_sequence(double s, double l, double h, double V) {
+  return 72.0 * s * l * h * h * (1.0 + s / (3.0 * h) + V / (12.0 * l * h));
+}
+
+double ff_mem_interleave_factor(int p, int v) {
+  return v > 1 ? 1.0 + (double)(p - 1) / ((double)p * (double)v) : 1.0;
+}
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+double ff_mem_activation_layer_bytes(double s, double b, double h, double a, double t,
+                                     bool sequence_parallel, ff_recompute rc) {
+  double sbh = s * b * h;
+  switch (rc) {
+  case FF_RECOMPUTE_FULL: return sequence_parallel ? 2.0 * sbh / t : 2.0 * sbh;
+  case FF_RECOMPUTE_SELECTIVE: return sequence_parallel ? sbh * 34.0 / t : sbh * (10.0 + 24.0 / t);
+  default:
+    if (sequence_parallel)
+      return sbh * (34.0 / t + 5.0 * a * s / (h * t));
+    return sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t));
+  }
+}
+
+double ff_mem_bytes_per_param(ff_precision p, bool zero1, int dp) {
+  double d = zero1 && dp > 1 ? (double)dp : 1.0;
+  if (p == FF_PRECISION_BF16)
+    return 2.0 + 4.0 + (4.0 + 8.0) / d; /* bf16 weights, fp32 grads; master and moments */
+  return 4.0 + 4.0 + 8.0 / d;           /* fp32 weights and grads; moments */
+}
+
+/* ---- time ------------------------------------------------------------------------------- */
+
+double ff_peak_flops(const ff_device *dev, ff_precision prec) {
+  double tflops;
+  if (prec == FF_PRECISION_BF16)
+    tflops = dev->peak_tflops[FF_DTYPE_BF16] > 0 ? dev->peak_tflops[FF_DTYPE_BF16]
+                                                 : dev->peak_tflops[FF_DTYPE_FP16];
+  else
+    tflops = dev->peak_tflops[FF_DTYPE_FP32];
+  return tflops * 1e12;
+}
+
+/* Efficiency of the measured shape nearest to (m, n, k) in log space, or the default. */
+static double gemm_efficiency(const ff_device *dev, ff_precision prec, double m, double n,
+                              double k) {
+  ff_dtype want = prec == FF_PRECISION_BF16 ? FF_DTYPE_BF16 : FF_DTYPE_FP32;
+  double best = INFINITY, eff = FF_COST_GEMM_EFFICIENCY;
+  double peak = ff_peak_flops(dev, prec);
+  for (int i = 0; i < dev->n_gemm; i++) {
+    const ff_gemm_measure *g = &dev->gemm[i];
+    if (g->dtype != want)
+      continue;
+    double dm = log((double)g->m / m), dn = log((double)g->n / n), dk = log((double)g->k / k);
+    double dist = dm * dm + dn * dn + dk * dk;
+    if (dist < best) {
+      best = dist;
+      eff = g->tflops * 1e12 / peak;
+    }
+  }
+  return eff > 1.0 ? 1.0 : eff;
+}
+
+double ff_time_gemm(const ff_device *dev, ff_precision prec, double m, double n, double k) {
+  if (m <= 0 || n <= 0 || k <= 0)
+    return 0.0;
+  double flops = 2.0 * m * n * k;
+  double elem = prec == FF_PRECISION_BF16 ? 2.0 : 4.0;
+  double compute = flops / (ff_peak_flops(dev, prec) * gemm_efficiency(dev, prec, m, n, k));
+  double traffic = ff_time_memory(dev, elem * (m * k + k * n + m * n));
+  return compute > traffic ? compute : traffic;
+}
+
+double ff_time_memory(const ff_device *dev, double bytes) {
+  return bytes / (dev->memory_bandwidth_gb_per_s * 1e9 * FF_COST_MEMORY_EFFICIENCY);
+}
+
+/* ---- communication ---------------------------------------------------------------------- */
+
+double ff_comm_p2p(double bytes, ff_link link) {
+  return link.latency_us * 1e-6 + bytes / (link.bandwidth_gb_per_s * 1e9);
+}
+
+double ff_comm_allreduce_ring(int n, double bytes, ff_link link) {
+  if (n <= 1)
+    return 0.0;
+  double steps = 2.0 * (n - 1);
+  return steps * link.latency_us * 1e-6 + steps / n * bytes / (link.bandwidth_gb_per_s * 1e9);
+}
+
+ff_link ff_cluster_gpu_link(const ff_cluster *c, int node_a, int gpu_a, int node_b, int gpu_b) {
+  if (node_a != node_b)
+    return ff_cluster_node_link(c, node_a, node_b);
+  const ff_node *n = &c->nodes[node_a];
+  if (gpu_a / n->island_gpus == gpu_b / n->island_gpus && n->island_gpus > 1)
+    return n->island;
+  if (n->island_gpus < n->gpus)
+    return n->intra;
+  return n->island;
+}
+
+static ff_link slower(ff_link a, ff_link b) {
+  if (a.bandwidth_gb_per_s != b.bandwidth_gb_per_s)
+    return a.bandwidth_gb_per_s < b.bandwidth_gb_per_s ? a : b;
+  return a.latency_us > b.latency_us ? a : b;
+}
+
+double ff_comm_allreduce(const ff_cluster *c, int n, const int *node, const int *gpu,
+                         double bytes) {
+  if (n <= 1)
+    return 0.0;
+  /* Flat ring in the given order. */
+  ff_link ring = ff_cluster_gpu_link(c, node[n - 1], gpu[n - 1], node[0], gpu[0]);
+  for (int i = 1; i < n; i++)
+    ring = slower(ring, ff_cluster_gpu_link(c, node[i - 1], gpu[i - 1], node[i], gpu[i]));
+  double flat = ff_comm_allreduce_ring(n, bytes, ring);
+  /* Hierarchical: members grouped by node; node leaders (first member of each node, in order)
+   * form the inter-node ring. O(n²) in the group size, which is a TP or DP degree. */
+  int nodes = 0, largest = 0, first_leader = -1, last_leader = -1;
+  ff_link inter = {INFINITY, 0}, intra = {INFINITY, 0};
+  for (int i = 0; i < n; i++) {
+    bool seen = false;
+    int count = 0;
+    for (int j = 0; j < n; j++) {
+      if (node[j] != node[i])
+        continue;
+      count++;
+      seen |= j < i;
+      if (j != i)
+        intra = slower(intra, ff_cluster_gpu_link(c, node[i], gpu[i], node[j], gpu[j]));
+    }
+    if (!seen) {
+      if (last_leader >= 0)
+        inter = slower(inter, ff_cluster_node_link(c, node[last_leader], node[i]));
+      else
+        first_leader = i;
+      last_leader = i;
+      nodes++;
+    }
+    if (count > largest)
+      largest = count;
+  }
+  if (nodes > 2)
+    inter = slower(inter, ff_cluster_node_link(c, node[last_leader], node[first_leader]));
+  if (nodes <= 1 || largest <= 1)
+    return flat;
+  /* Inter-node links between every pair of the ring of node leaders. */
+  double local = ff_comm_allreduce_ring(largest, bytes, intra); /* reduce-scatter + all-gather */
+  double across = ff_comm_allreduce_ring(nodes, bytes / largest, inter);
+  double hier = local + across;
+  return hier < flat ? hier : flat;
+}
+
+/* ---- one layer of one rank's shard ------------------------------------------------------- */
+
+double ff_cost_layer_params(const ff_model *m, ff_shard sh) {
+  double h = (double)m->hidden, hd = (double)(m->hidden / m->heads);
+  return 2.0 * h * sh.heads * hd + 2.0 * h * sh.kv_heads * hd + 3.0 * h * sh.ffn + 2.0 * h;
+}
+
+ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, const ff_device *dev,
+                                 ff_shard sh, double b, ff_recompute rc, double tp_allreduce) {
+  double s = (double)m->seq_len, h = (double)m->hidden, hd = (double)(m->hidden / m->heads);
+  double elem = prec == FF_PRECISION_BF16 ? 2.0 : 4.0, tokens = b * s;
+  double gemm = ff_time_gemm(dev, prec, tokens, (sh.heads + 2.0 * sh.kv_heads) * hd, h) +
+                ff_time_gemm(dev, prec, tokens, h, sh.heads * hd) +
+                ff_time_gemm(dev, prec, tokens, 2.0 * sh.ffn, h) +
+                ff_time_gemm(dev, prec, tokens, h, sh.ffn);
+  double attention = 4.0 * b * s * s * sh.heads * hd /
+                     (ff_peak_flops(dev, prec) * FF_COST_GEMM_EFFICIENCY);
+  /* Element-wise traffic per token: two RMSNorms (read+write h), two residual adds (2 reads, 1
+   * write of h), RoPE on q and k, SwiGLU (read gate and up, write the product). */
+  double bytes =
+      tokens * elem * (4.0 * h + 6.0 * h + 2.0 * (sh.heads + sh.kv_heads) * hd + 3.0 * sh.ffn);
+  double memory = ff_time_memory(dev, bytes);
+  ff_layer_time t;
+  t.fwd = gemm + attention + memory;
+  t.bwd = 2.0 * (gemm + attention) + 2.0 * memory;
+  t.recompute = rc == FF_RECOMPUTE_FULL ? t.fwd : rc == FF_RECOMPUTE_SELECTIVE ? attention : 0.0;
+  t.tp_fwd = 2.0 * tp_allreduce;
+  t.tp_bwd = (rc == FF_RECOMPUTE_FULL ? 4.0 : 2.0) * tp_allreduce;
+  return t;
+}

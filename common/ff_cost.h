@@ -1,0 +1,180 @@
+/* ff_cost.h — the cost model: FLOPs, memory, time and communication of a plan's pieces, and the
+ * pipeline simulator that turns them into an iteration time. One model serves the planner (to
+ * choose), `ffplan simulate` (to explain) and `ffrun` (to print predictions beside measurements).
+ * Every formula and its source is in docs/cost-model.md. Units: FLOPs, bytes, seconds. */
+#ifndef FF_COST_H
+#define FF_COST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ff_format.h"
+
+/* Calibration defaults used when a device profile has no measurements (docs/cost-model.md). */
+#define FF_COST_GEMM_EFFICIENCY 0.8   /* achieved / dense peak for large GEMMs */
+#define FF_COST_MEMORY_EFFICIENCY 0.8 /* achieved / datasheet memory bandwidth */
+#define FF_GIB 1073741824.0
+
+/* ---- FLOPs (Narayanan et al. SC'21, generalised to GQA and SwiGLU) ----------------------- */
+
+/* Weights in one layer's matrix multiplications (q, k, v, o, gate, up, down). */
+double ff_flops_layer_matmul_params(const ff_model *m);
+/* Forward FLOPs of one layer for a micro-batch of b sequences: 2·b·s·P_matmul + 4·b·s²·h. */
+double ff_flops_layer_forward(const ff_model *m, double b);
+/* Extra forward work recomputed in backward: none 0, selective the attention core 4·b·s²·h,
+ * full the whole forward. */
+double ff_flops_layer_recompute(const ff_model *m, double b, ff_recompute rc);
+/* LM head forward: 2·b·s·h·V. */
+double ff_flops_head_forward(const ff_model *m, double b);
+/* Model FLOPs per token (PaLM): 6·N + 12·l·h·s, N = parameters that take part in matmuls
+ * (every layer weight and the LM head; not the input embedding lookup). */
+double ff_flops_model_per_token(const ff_model *m);
+/* The same for a GPT-style model given by shape: per sequence 72·s·l·h²·(1 + s/(6h) + V/(12lh))
+ * (Narayanan et al., eq. 3); used for the published MFU checks. */
+double ff_flops_gpt_per_sequence(double s, double l, double h, double V);
+
+/* ---- memory (Korthikanti et al. MLSys'23, Table 2) --------------------------------------- */
+
+/* Activation bytes of one transformer layer for micro-batch b, TP degree t (may be fractional
+ * for an uneven shard: t = 1/share), a heads. `sequence_parallel` as in the paper. */
+double ff_mem_activation_layer_bytes(double s, double b, double h, double a, double t,
+                                     bool sequence_parallel, ff_recompute rc);
+/* Korthikanti et al.'s factor for the first stage of an interleaved 1F1B schedule with v model
+ * chunks per device: 1 + (p−1)/(p·v) when v > 1, else 1 (it holds p micro-batches of l/p
+ * layers, i.e. l layers' worth). */
+double ff_mem_interleave_factor(int p, int v);
+/* Hardware FLOPs per sequence of a GPT-style model with selective recomputation as Korthikanti
+ * et al. count them: 72·s·l·h²·(1 + s/(3h) + V/(12lh)). */
+double ff_flops_gpt_selective_hardware_per_sequence(double s, double l, double h, double V);
+/* Bytes per parameter of weights + gradients + master weights + Adam moments: bf16 mixed
+ * precision 18 (6 + 12/d with ZeRO-1 over d ranks), fp32 16 (8 + 8/d). */
+double ff_mem_bytes_per_param(ff_precision p, bool zero1, int dp);
+
+typedef enum ff_mem_item {
+  FF_MEM_WEIGHTS,      /* compute copy (bf16) or fp32 weights */
+  FF_MEM_GRADIENTS,    /* fp32 gradients */
+  FF_MEM_MASTER,       /* fp32 master weights (bf16 only) */
+  FF_MEM_OPTIMIZER,    /* Adam first and second moments */
+  FF_MEM_ACTIVATIONS,  /* stored activations × micro-batches in flight */
+  FF_MEM_LOGITS,       /* fp32 logits of one micro-batch on the LM-head stage */
+  FF_MEM_RESERVE,      /* the device's runtime reserve */
+  FF_MEM_COUNT
+} ff_mem_item;
+extern const char *const ff_mem_item_names[FF_MEM_COUNT];
+
+/* ---- time and communication (α–β) ------------------------------------------------------- */
+
+/* Seconds for C(m×n) = A(m×k)·B(k×n) on dev in the given precision: the larger of FLOPs over
+ * achieved peak (measured efficiency of the nearest measured shape, else the default) and
+ * operand bytes over memory bandwidth. */
+double ff_time_gemm(const ff_device *dev, ff_precision prec, double m, double n, double k);
+/* Seconds to stream `bytes` through device memory. */
+double ff_time_memory(const ff_device *dev, double bytes);
+/* Dense peak FLOP/s of dev for a training precision (bf16 falls back to fp16 without bf16). */
+double ff_peak_flops(const ff_device *dev, ff_precision prec);
+
+double ff_comm_p2p(double bytes, ff_link link);
+/* Ring all-reduce of `bytes` over n ranks whose slowest ring link is `link`:
+ * 2(n−1)·α + 2(n−1)/n · bytes/β. */
+double ff_comm_allreduce_ring(int n, double bytes, ff_link link);
+/* Link between two GPUs of a cluster: the island link inside an island, the node's intra link
+ * between islands of a node, the network link between nodes. */
+ff_link ff_cluster_gpu_link(const ff_cluster *c, int node_a, int gpu_a, int node_b, int gpu_b);
+/* All-reduce over GPUs (node[i], gpu[i]): the cheaper of a flat ring over the slowest link it
+ * crosses and a hierarchical one (reduce-scatter in each node, ring across nodes over the
+ * slowest inter-node link, all-gather in each node). */
+double ff_comm_allreduce(const ff_cluster *c, int n, const int *node, const int *gpu,
+                         double bytes);
+
+/* ---- one layer of one rank's shard ------------------------------------------------------- */
+
+typedef struct ff_shard {
+  double heads, kv_heads, ffn, vocab; /* how many of each this rank holds */
+} ff_shard;
+
+typedef struct ff_layer_time {
+  double fwd, bwd;       /* compute, per micro-batch */
+  double recompute;      /* forward work repeated in backward */
+  double tp_fwd, tp_bwd; /* TP all-reduces (2 forward; 2 backward, 4 with full recompute) */
+} ff_layer_time;
+
+/* Parameters of one layer held by a rank with this shard (norm weights replicated). */
+double ff_cost_layer_params(const ff_model *m, ff_shard sh);
+/* One layer of a rank's shard for a micro-batch of b sequences; tp_allreduce is the time of one
+ * all-reduce of b·s·h activations over the rank's TP group. */
+ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, const ff_device *dev,
+                                 ff_shard sh, double b, ff_recompute rc, double tp_allreduce);
+
+/* ---- the pipeline simulator ------------------------------------------------------------- */
+
+/* Event simulation of one pipeline of p stages and m micro-batches in the real 1F1B order
+ * (Narayanan et al. SC'21; warm-up min(p−i−1, m) forwards on stage i) or GPipe (all forwards,
+ * then all backwards). fwd[i], bwd[i]: seconds per micro-batch on stage i; send_fwd[i],
+ * send_bwd[i]: seconds to move activations / gradients across boundary i→i+1 (p−1 entries, may
+ * be NULL for none). Transfers overlap compute. Returns the pipeline's makespan; optional
+ * outputs: finish[i] (when stage i ends its last backward), busy[i] (compute seconds), and
+ * peak[i] (most micro-batches whose activations stage i holds at once). */
+double ff_sim_pipeline(ff_schedule schedule, int p, int64_t m, const double *fwd,
+                       const double *bwd, const double *send_fwd, const double *send_bwd,
+                       double *finish, double *busy, int64_t *peak);
+/* (m−1)·max tᵢ + Σ tᵢ with tᵢ = fwd[i] + bwd[i]: exact for equal stages, an upper bound for
+ * 1F1B otherwise; the planner's linear surrogate. */
+double ff_sim_closed_form(int p, int64_t m, const double *fwd, const double *bwd);
+/* GPipe without transfers, exactly: Σf + (m−1)·max f + Σb + (m−1)·max b. */
+double ff_sim_gpipe_closed_form(int p, int64_t m, const double *fwd, const double *bwd);
+/* Micro-batches stage i of p holds at its peak: 1F1B min(p−i, m), GPipe m. */
+int64_t ff_sim_in_flight(ff_schedule schedule, int p, int i, int64_t m);
+
+/* ---- evaluating a plan ------------------------------------------------------------------ */
+
+typedef struct ff_rank_eval {
+  double memory_bytes[FF_MEM_COUNT];
+  double memory_total_bytes, capacity_bytes;
+  double params;                    /* parameters this rank holds */
+  double fwd_seconds, bwd_seconds;  /* per micro-batch: compute and TP communication */
+  double compute_fwd_seconds, compute_bwd_seconds, recompute_seconds, tp_seconds;
+  double dp_seconds, optimizer_seconds;
+} ff_rank_eval;
+
+typedef struct ff_stage_eval {
+  double fwd_seconds, bwd_seconds;  /* per micro-batch: the slowest rank of the TP group */
+  double send_fwd_seconds, send_bwd_seconds; /* to the next stage, per micro-batch */
+  double finish_seconds, busy_seconds, bubble_seconds;
+  double dp_seconds;                /* gradient all-reduce across pipelines after the stage ends */
+  double hardware_flops;            /* per iteration, recompute included */
+  int64_t in_flight;
+  int slowest_rank;                 /* index in the stage's ranks */
+  int binding;                      /* 0 compute, 1 memory (does not fit), 2 link */
+} ff_stage_eval;
+
+typedef struct ff_pipeline_eval {
+  double seconds;    /* the pipeline's makespan */
+  double end_seconds; /* makespan + the DP synchronisation that is not hidden */
+  double bubble_seconds;
+  ff_stage_eval *stages;
+} ff_pipeline_eval;
+
+typedef struct ff_plan_eval {
+  double iteration_seconds, tokens_per_second, mfu, hfu;
+  double model_flops_per_iteration, hardware_flops_per_iteration, peak_flops_sum;
+  double pipeline_seconds, dp_exposed_seconds, optimizer_seconds;
+  double compute_seconds, tp_seconds, pp_seconds, dp_seconds, bubble_seconds;
+  double peak_memory_bytes;
+  int critical_pipeline, critical_stage;
+  double critical_margin_seconds; /* how much slower the critical pipeline is than the next */
+  bool fits;
+  int64_t ranks_over_memory;
+  ff_pipeline_eval *pipelines;
+  ff_rank_eval *ranks; /* by global rank */
+  int n_pipelines;
+  int64_t n_ranks;
+} ff_plan_eval;
+
+/* Evaluate a plan: per-rank memory and time, per-stage times, 1F1B (or GPipe) simulation of each
+ * pipeline, DP synchronisation, optimizer step, MFU and HFU. */
+ff_status ff_evaluate_plan(const ff_plan *plan, ff_plan_eval *out);
+void ff_plan_eval_free(ff_plan_eval *e);
+/* Write the evaluation's figures into the plan's `predicted` fields. */
+void ff_plan_set_predicted(ff_plan *plan, const ff_plan_eval *e);
+
+#endif

@@ -1,0 +1,10 @@
+/* ffplan_cmds.h — the subcommands of ffplan, each taking the arguments after its name and
+ * returning an exit status (0 ok, 1 runtime failure, 2 bad input or usage, 3 nothing fits). */
+#ifndef FFPLAN_CMDS_H
+#define FFPLAN_CMDS_H
+
+#include "ff_format.h"
+
+int ffplan_cmd_simulate(int argc, char **argv);
+
+#endif

@@ -1,0 +1,289 @@
+/* test_cost.c — the cost model against published numbers (Korthikanti et al. MLSys'23 Fig. 1
+ * activation memory, exact; Narayanan et al. / Korthikanti et al. MFU and HFU within 0.3 points)
+ * and the pipeline simulator against closed forms and a brute-force reference. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ff_cost.h"
+
+/* ---- activation memory, Korthikanti et al. Fig. 1 (s = 2048, t = 8), GiB per GPU ---------- */
+
+typedef struct gpt_case {
+  const char *name;
+  double h, a, l, b;
+  int p, v;
+  double plain_gib, selective_sp_gib;
+} gpt_case;
+
+static const gpt_case fig1[] = {
+    {"22B", 6144, 64, 48, 4, 1, 1, 59.25, 9.5625},
+    {"175B", 12288, 96, 96, 1, 8, 3, 66.84375, 12.3515625},
+    {"530B", 20480, 128, 105, 1, 35, 3, 114.0234375, 23.076171875},
+    {"1T", 25600, 160, 128, 1, 64, 1, 131.25, 26.5625},
+};
+
+static double first_stage_gib(const gpt_case *c, bool sp, ff_recompute rc) {
+  double per_layer = ff_mem_activation_layer_bytes(2048, c->b, c->h, c->a, 8, sp, rc);
+  return per_layer * c->l * ff_mem_interleave_factor(c->p, c->v) / FF_GIB;
+}
+
+static void activation_memory_matches_korthikanti_figure_1_exactly(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof fig1 / sizeof *fig1; i++) {
+    const gpt_case *c = &fig1[i];
+    assert_true(first_stage_gib(c, false, FF_RECOMPUTE_NONE) == c->plain_gib);
+    assert_true(first_stage_gib(c, true, FF_RECOMPUTE_SELECTIVE) == c->selective_sp_gib);
+  }
+}
+
+static void activation_memory_orders_recompute_modes(void **state) {
+  (void)state;
+  double none = ff_mem_activation_layer_bytes(4096, 1, 4096, 32, 1, false, FF_RECOMPUTE_NONE);
+  double sel = ff_mem_activation_layer_bytes(4096, 1, 4096, 32, 1, false, FF_RECOMPUTE_SELECTIVE);
+  double full = ff_mem_activation_layer_bytes(4096, 1, 4096, 32, 1, false, FF_RECOMPUTE_FULL);
+  assert_true(full < sel && sel < none);
+  /* no parallelism: s·b·h·(34 + 5·a·s/h) */
+  assert_true(none == 4096.0 * 4096.0 * (34.0 + 5.0 * 32.0 * 4096.0 / 4096.0));
+  assert_true(full == 2.0 * 4096.0 * 4096.0);
+}
+
+/* ---- MFU from published iteration times (A100, 312 TFLOP/s, s 2048, V 51200, t 8) --------- */
+
+static double mfu(double h, double l, double batch, double gpus, double seconds) {
+  return batch * ff_flops_gpt_per_sequence(2048, l, h, 51200) / (seconds * gpus * 312e12);
+}
+
+static void mfu_matches_published_iteration_times(void **state) {
+  (void)state;
+  assert_true(fabs(100 * mfu(6144, 48, 4, 8, 1.10) - 41.7) < 0.3);
+  assert_true(fabs(100 * mfu(12288, 96, 64, 64, 13.75) - 51.4) < 0.3);
+  assert_true(fabs(100 * mfu(20480, 105, 280, 280, 37.83) - 56.0) < 0.3);
+  assert_true(fabs(100 * mfu(25600, 128, 512, 512, 71.49) - 56.3) < 0.3);
+  double hfu = 512 * ff_flops_gpt_selective_hardware_per_sequence(2048, 128, 25600, 51200) /
+               (71.49 * 512 * 312e12);
+  assert_true(fabs(100 * hfu - 57.0) < 0.3);
+}
+
+static void flops_reduce_to_the_gpt_formula_for_mha_and_4h_mlp(void **state) {
+  (void)state;
+  /* A Llama-shaped model whose matmul weights equal GPT's 12·h² (ffn = 8h/3, kv = heads) has
+   * forward FLOPs 24·b·s·h² + 4·b·s²·h per layer. */
+  ff_model m = {.layers = 48, .hidden = 6144, .heads = 48, .kv_heads = 48, .ffn_hidden = 16384,
+                .vocab = 51200, .seq_len = 2048};
+  double b = 4, s = 2048, h = 6144;
+  assert_true(ff_flops_layer_forward(&m, b) == 24 * b * s * h * h + 4 * b * s * s * h);
+  assert_true(ff_flops_head_forward(&m, b) == 2 * b * s * h * 51200);
+  double per_seq = ff_flops_model_per_token(&m) * s;
+  assert_true(fabs(per_seq / ff_flops_gpt_per_sequence(s, 48, h, 51200) - 1) < 1e-12);
+}
+
+/* ---- the pipeline simulator ----------------------------------------------------------------- */
+
+static void equal_stages_take_m_plus_p_minus_1_slots(void **state) {
+  (void)state;
+  for (int p = 1; p <= 8; p++)
+    for (int64_t m = 1; m <= 16; m++) {
+      double f[8], b[8];
+      for (int i = 0; i < p; i++)
+        f[i] = 1.0, b[i] = 2.0;
+      double t = ff_sim_pipeline(FF_SCHEDULE_1F1B, p, m, f, b, NULL, NULL, NULL, NULL, NULL);
+      assert_true(t == (double)(m + p - 1) * 3.0);
+    }
+}
+
+static unsigned next_random(unsigned *x) {
+  *x = *x * 1103515245u + 12345u;
+  return (*x >> 8) & 0xffff;
+}
+
+/* Reference: relax start times until nothing changes (each operation starts when its stage is
+ * free and its input has arrived), in the same per-stage order, with no event bookkeeping. */
+static double brute_force(ff_schedule sch, int p, int64_t m, const double *f, const double *b,
+                          const double *sf, const double *sb) {
+  double fd[8][32], bd[8][32];
+  for (int i = 0; i < p; i++)
+    for (int j = 0; j < m; j++)
+      fd[i][j] = bd[i][j] = 0;
+  for (int iter = 0; iter < 10000; iter++) {
+    bool changed = false;
+    for (int i = 0; i < p; i++) {
+      double free_at = 0;
+      int64_t w = sch == FF_SCHEDULE_GPIPE ? m : (p - i - 1 < m ? p - i - 1 : m);
+      for (int64_t k = 0; k < 2 * m; k++) {
+        bool bw;
+        int64_t j;
+        if (sch == FF_SCHEDULE_GPIPE) {
+          bw = k >= m;
+          j = bw ? k - m : k;
+        } else if (k < w) {
+          bw = false, j = k;
+        } else if (k < 2 * m - w) {
+          bw = (k - w) % 2 == 1;
+          j = bw ? (k - w) / 2 : w + (k - w) / 2;
+        } else {
+          bw = true, j = m - w + (k - (2 * m - w));
+        }
+        double ready;
+        if (!bw)
+          ready = i == 0 ? 0 : fd[i - 1][j] + (sf ? sf[i - 1] : 0);
+        else
+          ready = i == p - 1 ? fd[i][j] : bd[i + 1][j] + (sb ? sb[i] : 0);
+        double start = free_at > ready ? free_at : ready;
+        double end = start + (bw ? b[i] : f[i]);
+        double *slot = bw ? &bd[i][j] : &fd[i][j];
+        if (*slot != end)
+          changed = true, *slot = end;
+        free_at = end;
+      }
+    }
+    if (!changed)
+      break;
+  }
+  double t = 0;
+  for (int i = 0; i < p; i++)
+    for (int j = 0; j < m; j++)
+      if (bd[i][j] > t)
+        t = bd[i][j];
+  return t;
+}
+
+static void random_pipelines_match_a_brute_force_schedule(void **state) {
+  (void)state;
+  unsigned seed = 12345;
+  for (int trial = 0; trial < 400; trial++) {
+    int p = 1 + (int)(next_random(&seed) % 8);
+    int64_t m = 1 + (int64_t)(next_random(&seed) % 24);
+    double f[8], b[8], sf[8], sb[8];
+    for (int i = 0; i < p; i++) {
+      f[i] = 0.5 + next_random(&seed) % 100 / 50.0;
+      b[i] = f[i] * (1.5 + next_random(&seed) % 100 / 100.0);
+      sf[i] = sb[i] = next_random(&seed) % 10 / 20.0;
+    }
+    for (int s = 0; s < 2; s++) {
+      ff_schedule sch = s ? FF_SCHEDULE_GPIPE : FF_SCHEDULE_1F1B;
+      double sim = ff_sim_pipeline(sch, p, m, f, b, sf, sb, NULL, NULL, NULL);
+      assert_true(fabs(sim - brute_force(sch, p, m, f, b, sf, sb)) < 1e-9);
+    }
+    double sim = ff_sim_pipeline(FF_SCHEDULE_1F1B, p, m, f, b, NULL, NULL, NULL, NULL, NULL);
+    assert_true(sim <= ff_sim_closed_form(p, m, f, b) + 1e-9);
+    double gpipe = ff_sim_pipeline(FF_SCHEDULE_GPIPE, p, m, f, b, NULL, NULL, NULL, NULL, NULL);
+    assert_true(fabs(gpipe - ff_sim_gpipe_closed_form(p, m, f, b)) < 1e-9);
+  }
+}
+
+static void peak_in_flight_is_min_of_p_minus_i_and_m(void **state) {
+  (void)state;
+  for (int p = 1; p <= 8; p++)
+    for (int64_t m = 1; m <= 12; m++) {
+      double f[8], b[8];
+      int64_t peak[8];
+      for (int i = 0; i < p; i++)
+        f[i] = 1.0 + i * 0.1, b[i] = 2.0 + (p - i) * 0.3;
+      ff_sim_pipeline(FF_SCHEDULE_1F1B, p, m, f, b, NULL, NULL, NULL, NULL, peak);
+      for (int i = 0; i < p; i++) {
+        assert_int_equal(peak[i], ff_sim_in_flight(FF_SCHEDULE_1F1B, p, i, m));
+        assert_int_equal(peak[i], p - i < m ? p - i : m);
+      }
+      ff_sim_pipeline(FF_SCHEDULE_GPIPE, p, m, f, b, NULL, NULL, NULL, NULL, peak);
+      for (int i = 0; i < p; i++)
+        assert_int_equal(peak[i], m);
+    }
+}
+
+/* ---- whole plans: properties ---------------------------------------------------------------- */
+
+static void shipped_plans_respect_physical_bounds(void **state) {
+  (void)state;
+  static const char *const plans[] = {"profiles/plans/tiny-1rank.json",
+                                      "profiles/plans/tiny-asym.json",
+                                      "profiles/plans/h100-8-llama-2-7b.json"};
+  for (size_t i = 0; i < sizeof plans / sizeof *plans; i++) {
+    ff_diag d;
+    ff_plan plan;
+    ff_plan_eval e;
+    ff_diag_init(&d, plans[i]);
+    assert_int_equal(ff_load_plan(plans[i], &d, &plan), FF_OK);
+    assert_int_equal(ff_evaluate_plan(&plan, &e), FF_OK);
+    assert_true(e.mfu > 0 && e.mfu <= 1 && e.hfu >= e.mfu && e.hfu <= 1);
+    for (int p = 0; p < plan.n_pipelines; p++)
+      for (int s = 0; s < plan.pipelines[p].n_stages; s++) {
+        const ff_plan_stage *st = &plan.pipelines[p].stages[s];
+        const ff_stage_eval *se = &e.pipelines[p].stages[s];
+        double b = (double)plan.pipelines[p].micro_batch_size;
+        double flops = (double)(st->layers.end - st->layers.first) * 3.0 *
+                       ff_flops_layer_forward(&plan.model, b);
+        double peak = 0;
+        for (int t = 0; t < st->n_ranks; t++)
+          peak += ff_peak_flops(&plan.cluster.devices[st->ranks[t].device], plan.training.precision);
+        assert_true(se->fwd_seconds + se->bwd_seconds >= flops / peak);
+      }
+    ff_plan_eval_free(&e);
+    ff_plan_free(&plan);
+    ff_diag_free(&d);
+  }
+}
+
+static void memory_grows_with_micro_batch_size_and_in_flight_count(void **state) {
+  (void)state;
+  ff_diag d;
+  ff_plan plan;
+  ff_diag_init(&d, "h100 plan");
+  assert_int_equal(ff_load_plan("profiles/plans/h100-8-llama-2-7b.json", &d, &plan), FF_OK);
+  ff_plan_eval small, big;
+  assert_int_equal(ff_evaluate_plan(&plan, &small), FF_OK);
+  for (int p = 0; p < plan.n_pipelines; p++) {
+    plan.pipelines[p].micro_batch_size = 4;
+    plan.pipelines[p].micro_batches /= 2;
+  }
+  assert_int_equal(ff_evaluate_plan(&plan, &big), FF_OK);
+  for (int64_t r = 0; r < plan.n_ranks; r++)
+    assert_true(big.ranks[r].memory_bytes[FF_MEM_ACTIVATIONS] >
+                small.ranks[r].memory_bytes[FF_MEM_ACTIVATIONS]);
+  /* Stage 0 holds 2 micro-batches in flight, stage 1 one: twice the activations per layer. */
+  const ff_rank_eval *first = &small.ranks[0], *last = &small.ranks[2];
+  assert_true(first->memory_bytes[FF_MEM_ACTIVATIONS] == 2 * last->memory_bytes[FF_MEM_ACTIVATIONS]);
+  ff_plan_eval_free(&small);
+  ff_plan_eval_free(&big);
+  ff_plan_free(&plan);
+  ff_diag_free(&d);
+}
+
+static void mixed_precision_takes_18_bytes_per_parameter(void **state) {
+  (void)state;
+  assert_true(ff_mem_bytes_per_param(FF_PRECISION_BF16, false, 8) == 18);
+  assert_true(ff_mem_bytes_per_param(FF_PRECISION_BF16, true, 8) == 6 + 12.0 / 8);
+  assert_true(ff_mem_bytes_per_param(FF_PRECISION_FP32, false, 8) == 16);
+  assert_true(ff_mem_bytes_per_param(FF_PRECISION_FP32, true, 4) == 8 + 8.0 / 4);
+}
+
+static void ring_allreduce_follows_the_alpha_beta_formula(void **state) {
+  (void)state;
+  ff_link l = {10, 5}; /* 10 GB/s, 5 us */
+  double t = ff_comm_allreduce_ring(4, 1e9, l);
+  assert_true(fabs(t - (6 * 5e-6 + 1.5 * 0.1)) < 1e-12);
+  assert_true(ff_comm_allreduce_ring(1, 1e9, l) == 0);
+  assert_true(fabs(ff_comm_p2p(1e9, l) - (5e-6 + 0.1)) < 1e-12);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(activation_memory_matches_korthikanti_figure_1_exactly),
+      cmocka_unit_test(activation_memory_orders_recompute_modes),
+      cmocka_unit_test(mfu_matches_published_iteration_times),
+      cmocka_unit_test(flops_reduce_to_the_gpt_formula_for_mha_and_4h_mlp),
+      cmocka_unit_test(equal_stages_take_m_plus_p_minus_1_slots),
+      cmocka_unit_test(random_pipelines_match_a_brute_force_schedule),
+      cmocka_unit_test(peak_in_flight_is_min_of_p_minus_i_and_m),
+      cmocka_unit_test(shipped_plans_respect_physical_bounds),
+      cmocka_unit_test(memory_grows_with_micro_batch_size_and_in_flight_count),
+      cmocka_unit_test(mixed_precision_takes_18_bytes_per_parameter),
+      cmocka_unit_test(ring_allreduce_follows_the_alpha_beta_formula),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -508,3 +508,40 @@ void ff_cluster_free(ff_cluster *c) {
   free(c->overrides);
   memset(c, 0, sizeof *c);
 }
+
+ff_status ff_cluster_copy(const ff_cluster *src, ff_cluster *dst) {
+  memset(dst, 0, sizeof *dst);
+  *dst = *src;
+  dst->description = NULL;
+  dst->devices = NULL;
+  dst->nodes = NULL;
+  dst->node_by_name = NULL;
+  dst->groups = NULL;
+  dst->overrides = NULL;
+  dst->n_devices = dst->n_groups = 0;
+  size_t nn = (size_t)src->n_nodes;
+  if ((src->description && !(dst->description = strdup(src->description))) ||
+      !(dst->devices = calloc((size_t)src->n_devices, sizeof *dst->devices)) ||
+      !(dst->nodes = malloc(nn * sizeof *dst->nodes)) ||
+      !(dst->node_by_name = malloc(nn * sizeof *dst->node_by_name)) ||
+      !(dst->groups = calloc((size_t)src->n_groups + 1, sizeof *dst->groups)) ||
+      !(dst->overrides = malloc(((size_t)src->n_overrides + 1) * sizeof *dst->overrides)))
+    goto fail;
+  for (int i = 0; i < src->n_devices; i++, dst->n_devices++)
+    if (ff_device_copy(&src->devices[i], &dst->devices[i]) != FF_OK)
+      goto fail;
+  memcpy(dst->nodes, src->nodes, nn * sizeof *dst->nodes);
+  memcpy(dst->node_by_name, src->node_by_name, nn * sizeof *dst->node_by_name);
+  memcpy(dst->overrides, src->overrides, (size_t)src->n_overrides * sizeof *dst->overrides);
+  for (int i = 0; i < src->n_groups; i++, dst->n_groups++) {
+    dst->groups[i] = src->groups[i];
+    dst->groups[i].nodes = malloc(((size_t)src->groups[i].n_nodes + 1) * sizeof(int));
+    if (!dst->groups[i].nodes)
+      goto fail;
+    memcpy(dst->groups[i].nodes, src->groups[i].nodes, (size_t)src->groups[i].n_nodes * sizeof(int));
+  }
+  return FF_OK;
+fail:
+  ff_cluster_free(dst);
+  return FF_ERR_RUNTIME;
+}

@@ -152,6 +152,22 @@ static ff_link slower(ff_link a, ff_link b) {
   return a.latency_us > b.latency_us ? a : b;
 }
 
+typedef struct member {
+  int node, gpu, index;
+} member;
+
+static int cmp_member(const void *a, const void *b) {
+  const member *x = a, *y = b;
+  if (x->node != y->node)
+    return x->node < y->node ? -1 : 1;
+  return x->index < y->index ? -1 : (x->index > y->index);
+}
+
+static int cmp_first_index(const void *a, const void *b) {
+  const member *x = a, *y = b;
+  return x->index < y->index ? -1 : (x->index > y->index);
+}
+
 double ff_comm_allreduce(const ff_cluster *c, int n, const int *node, const int *gpu,
                          double bytes) {
   if (n <= 1)
@@ -161,37 +177,38 @@ double ff_comm_allreduce(const ff_cluster *c, int n, const int *node, const int 
   for (int i = 1; i < n; i++)
     ring = slower(ring, ff_cluster_gpu_link(c, node[i - 1], gpu[i - 1], node[i], gpu[i]));
   double flat = ff_comm_allreduce_ring(n, bytes, ring);
-  /* Hierarchical: members grouped by node; node leaders (first member of each node, in order)
-   * form the inter-node ring. O(n²) in the group size, which is a TP or DP degree. */
-  int nodes = 0, largest = 0, first_leader = -1, last_leader = -1;
-  ff_link inter = {INFINITY, 0}, intra = {INFINITY, 0};
-  for (int i = 0; i < n; i++) {
-    bool seen = false;
-    int count = 0;
-    for (int j = 0; j < n; j++) {
-      if (node[j] != node[i])
-        continue;
-      count++;
-      seen |= j < i;
-      if (j != i)
-        intra = slower(intra, ff_cluster_gpu_link(c, node[i], gpu[i], node[j], gpu[j]));
-    }
-    if (!seen) {
-      if (last_leader >= 0)
-        inter = slower(inter, ff_cluster_node_link(c, node[last_leader], node[i]));
-      else
-        first_leader = i;
-      last_leader = i;
-      nodes++;
-    }
-    if (count > largest)
-      largest = count;
+  /* Hierarchical: members grouped by node (sorted, O(n log n)); the first member of each node is
+   * its leader, and leaders in order of appearance form the inter-node ring. */
+  member *m = malloc(2 * (size_t)n * sizeof *m);
+  if (!m)
+    return flat;
+  member *leaders = m + n;
+  for (int i = 0; i < n; i++)
+    m[i] = (member){node[i], gpu[i], i};
+  qsort(m, (size_t)n, sizeof *m, cmp_member);
+  int nodes = 0, largest = 0;
+  ff_link intra = {INFINITY, 0}, inter = {INFINITY, 0};
+  for (int i = 0; i < n;) {
+    int j = i;
+    while (j < n && m[j].node == m[i].node)
+      j++;
+    for (int k = i + 1; k < j; k++) /* ring inside the node, in gpu order of appearance */
+      intra = slower(intra, ff_cluster_gpu_link(c, m[k - 1].node, m[k - 1].gpu, m[k].node, m[k].gpu));
+    if (j - i > 1)
+      intra = slower(intra, ff_cluster_gpu_link(c, m[j - 1].node, m[j - 1].gpu, m[i].node, m[i].gpu));
+    if (j - i > largest)
+      largest = j - i;
+    leaders[nodes++] = m[i];
+    i = j;
   }
+  qsort(leaders, (size_t)nodes, sizeof *leaders, cmp_first_index);
+  for (int k = 1; k < nodes; k++)
+    inter = slower(inter, ff_cluster_node_link(c, leaders[k - 1].node, leaders[k].node));
   if (nodes > 2)
-    inter = slower(inter, ff_cluster_node_link(c, node[last_leader], node[first_leader]));
+    inter = slower(inter, ff_cluster_node_link(c, leaders[nodes - 1].node, leaders[0].node));
+  free(m);
   if (nodes <= 1 || largest <= 1)
     return flat;
-  /* Inter-node links between every pair of the ring of node leaders. */
   double local = ff_comm_allreduce_ring(largest, bytes, intra); /* reduce-scatter + all-gather */
   double across = ff_comm_allreduce_ring(nodes, bytes / largest, inter);
   double hier = local + across;

@@ -166,6 +166,7 @@ typedef struct ff_plan_eval {
   int64_t ranks_over_memory;
   ff_pipeline_eval *pipelines;
   ff_rank_eval *ranks; /* by global rank */
+  ff_span *rank_layers; /* each rank's layer range, by global rank */
   int n_pipelines;
   int64_t n_ranks;
 } ff_plan_eval;

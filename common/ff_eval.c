@@ -58,7 +58,7 @@ static double boundary_seconds(const ff_plan *plan, const ff_plan_stage *from,
  * group: the stage holding st's first layer (or the embedding / LM head for an empty stage) and
  * the TP rank whose heads contain r's first head. */
 static const ff_plan_rank *dp_peer(const ff_plan *plan, int q, const ff_plan_stage *st,
-                                   const ff_plan_rank *r) {
+                                   const ff_plan_rank *r, const ff_plan_stage **stage_out) {
   const ff_plan_pipeline *pl = &plan->pipelines[q];
   const ff_plan_stage *match = &pl->stages[0];
   for (int s = 0; s < pl->n_stages; s++) {
@@ -73,6 +73,7 @@ static const ff_plan_rank *dp_peer(const ff_plan *plan, int q, const ff_plan_sta
       break;
     }
   }
+  *stage_out = match;
   for (int t = 0; t < match->n_ranks; t++)
     if (match->ranks[t].heads.first <= r->heads.first && r->heads.first < match->ranks[t].heads.end)
       return &match->ranks[t];
@@ -85,7 +86,8 @@ static ff_status eval_alloc(const ff_plan *plan, ff_plan_eval *e) {
   e->n_ranks = plan->n_ranks;
   e->pipelines = calloc((size_t)plan->n_pipelines, sizeof *e->pipelines);
   e->ranks = calloc((size_t)(plan->n_ranks ? plan->n_ranks : 1), sizeof *e->ranks);
-  if (!e->pipelines || !e->ranks)
+  e->rank_layers = calloc((size_t)(plan->n_ranks ? plan->n_ranks : 1), sizeof *e->rank_layers);
+  if (!e->pipelines || !e->ranks || !e->rank_layers)
     return FF_ERR_RUNTIME;
   for (int p = 0; p < plan->n_pipelines; p++) {
     e->pipelines[p].stages = calloc((size_t)plan->pipelines[p].n_stages, sizeof(ff_stage_eval));
@@ -139,6 +141,7 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
     re->fwd_seconds = fwd + tp_fwd;
     re->bwd_seconds = bwd + rec + tp_bwd;
     re->params = rank_params(m, st, sh);
+    e->rank_layers[r->rank] = st->layers;
     double zero_d = tr->zero1 && dp > 1 ? (double)dp : 1.0;
     re->memory_bytes[FF_MEM_WEIGHTS] = re->params * elem;
     re->memory_bytes[FF_MEM_GRADIENTS] = re->params * 4.0;
@@ -173,22 +176,39 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
 }
 
 /* Gradient all-reduce across pipelines for every rank of a stage; the stage waits for its
- * slowest rank. */
-static void eval_stage_dp(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *node, int *gpu) {
+ * slowest rank. A DP group is computed once: its members that hold exactly the same layers and
+ * heads (the usual case) get the same time without recomputing it. */
+static void eval_stage_dp(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *node, int *gpu,
+                          const ff_plan_rank **peers, bool *done) {
   const ff_plan_stage *st = &plan->pipelines[p].stages[s];
   ff_stage_eval *se = &e->pipelines[p].stages[s];
-  se->dp_seconds = 0.0;
   if (plan->n_pipelines <= 1)
     return;
   for (int t = 0; t < st->n_ranks; t++) {
     const ff_plan_rank *r = &st->ranks[t];
-    for (int q = 0; q < plan->n_pipelines; q++) {
-      const ff_plan_rank *peer = q == p ? r : dp_peer(plan, q, st, r);
-      node[q] = peer->node;
-      gpu[q] = peer->gpu;
-    }
     ff_rank_eval *re = &e->ranks[r->rank];
-    re->dp_seconds = ff_comm_allreduce(&plan->cluster, plan->n_pipelines, node, gpu, re->params * 4.0);
+    if (!done[r->rank]) {
+      const ff_plan_stage *peer_stage[1];
+      for (int q = 0; q < plan->n_pipelines; q++) {
+        peers[q] = q == p ? r : dp_peer(plan, q, st, r, peer_stage);
+        node[q] = peers[q]->node;
+        gpu[q] = peers[q]->gpu;
+      }
+      re->dp_seconds = ff_comm_allreduce(&plan->cluster, plan->n_pipelines, node, gpu,
+                                         re->params * 4.0);
+      done[r->rank] = true;
+      for (int q = 0; q < plan->n_pipelines; q++) {
+        const ff_plan_rank *x = peers[q];
+        if (done[x->rank] || e->ranks[x->rank].params != re->params)
+          continue;
+        if (x->heads.first == r->heads.first && x->heads.end == r->heads.end &&
+            e->rank_layers[x->rank].first == st->layers.first &&
+            e->rank_layers[x->rank].end == st->layers.end) {
+          e->ranks[x->rank].dp_seconds = re->dp_seconds;
+          done[x->rank] = true;
+        }
+      }
+    }
     if (re->dp_seconds > se->dp_seconds)
       se->dp_seconds = re->dp_seconds;
   }
@@ -224,7 +244,7 @@ static ff_status eval_pipeline(const ff_plan *plan, int p, ff_plan_eval *e) {
     ff_stage_eval *se = &pe->stages[s];
     se->finish_seconds = fin[s];
     se->busy_seconds = busy[s];
-    se->bubble_seconds = pe->seconds - busy[s];
+    se->bubble_seconds = pe->seconds > busy[s] ? pe->seconds - busy[s] : 0.0; /* no −1e-14 */
     if (se->bubble_seconds > pe->bubble_seconds)
       pe->bubble_seconds = se->bubble_seconds;
     if (fin[s] + se->dp_seconds > pe->end_seconds)
@@ -328,8 +348,10 @@ ff_status ff_evaluate_plan(const ff_plan *plan, ff_plan_eval *out) {
       if (plan->pipelines[p].stages[s].n_ranks > widest)
         widest = plan->pipelines[p].stages[s].n_ranks;
   int *node = malloc((size_t)widest * sizeof *node), *gpu = malloc((size_t)widest * sizeof *gpu);
-  if (st != FF_OK || !node || !gpu) {
-    free(node), free(gpu);
+  const ff_plan_rank **peers = malloc((size_t)widest * sizeof *peers);
+  bool *done = calloc((size_t)(plan->n_ranks ? plan->n_ranks : 1), sizeof *done);
+  if (st != FF_OK || !node || !gpu || !peers || !done) {
+    free(node), free(gpu), free(peers), free(done);
     ff_plan_eval_free(out);
     return FF_ERR_RUNTIME;
   }
@@ -338,8 +360,8 @@ ff_status ff_evaluate_plan(const ff_plan *plan, ff_plan_eval *out) {
       eval_stage(plan, p, s, out, node, gpu);
   for (int p = 0; p < plan->n_pipelines; p++)
     for (int s = 0; s < plan->pipelines[p].n_stages; s++)
-      eval_stage_dp(plan, p, s, out, node, gpu);
-  free(node), free(gpu);
+      eval_stage_dp(plan, p, s, out, node, gpu, peers, done);
+  free(node), free(gpu), free(peers), free(done);
   for (int p = 0; p < plan->n_pipelines && st == FF_OK; p++)
     st = eval_pipeline(plan, p, out);
   if (st != FF_OK) {
@@ -357,6 +379,7 @@ void ff_plan_eval_free(ff_plan_eval *e) {
       free(e->pipelines[p].stages);
   free(e->pipelines);
   free(e->ranks);
+  free(e->rank_layers);
   memset(e, 0, sizeof *e);
 }
 

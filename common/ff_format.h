@@ -267,6 +267,10 @@ void ff_model_free(ff_model *m);
 void ff_training_free(ff_training *t);
 void ff_plan_free(ff_plan *p);
 
+/* Deep copies (the copy owns its memory; free with the matching ff_*_free). */
+ff_status ff_model_copy(const ff_model *src, ff_model *dst);
+ff_status ff_cluster_copy(const ff_cluster *src, ff_cluster *dst);
+
 /* Cluster queries. */
 int ff_cluster_find_node(const ff_cluster *c, const char *name);   /* -1 if none */
 int ff_cluster_find_device(const ff_cluster *c, const char *name); /* -1 if none */

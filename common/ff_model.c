@@ -106,6 +106,14 @@ cJSON *ff_model_to_json(const ff_model *m, bool with_format) {
   return o;
 }
 
+ff_status ff_model_copy(const ff_model *src, ff_model *dst) {
+  *dst = *src;
+  dst->source = NULL;
+  if (src->source && !(dst->source = strdup(src->source)))
+    return FF_ERR_RUNTIME;
+  return FF_OK;
+}
+
 void ff_model_free(ff_model *m) {
   free(m->source);
   memset(m, 0, sizeof *m);

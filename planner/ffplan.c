@@ -5,7 +5,9 @@
  *   ffplan fmt FILE [-o OUT]    write a file in canonical form (--check: only say if it is)
  *   ffplan simulate PLAN        the cost model's account of a plan (--json for tools)
  *
- * Subcommands that search, simulate and compare plans join this table as they are built. */
+ *   ffplan plan --cluster C --model M --training T [-o PLAN]   search for the best plan
+ *
+ * Subcommands that compare and draw plans join this table as they are built. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +25,9 @@ static void usage(FILE *out) {
           "parallelism) and works with the plans it writes.\n"
           "\n"
           "commands:\n"
+          "  plan --cluster C --model M --training T [-o PLAN] [--baseline uniform|flashflex]\n"
+          "                            search the plan with the shortest predicted iteration\n"
+          "                            time that fits every GPU's memory (exit 3: none fits)\n"
           "  validate FILE...          check device, cluster, model, training or plan files\n"
           "                            (the format is read from each file's \"format\" key);\n"
           "                            prints one line per valid file, every error otherwise\n"
@@ -148,6 +153,8 @@ int main(int argc, char **argv) {
     return cmd_validate(argc - 2, argv + 2);
   if (strcmp(cmd, "fmt") == 0)
     return cmd_fmt(argc - 2, argv + 2);
+  if (strcmp(cmd, "plan") == 0)
+    return ffplan_cmd_plan(argc - 2, argv + 2);
   if (strcmp(cmd, "simulate") == 0)
     return ffplan_cmd_simulate(argc - 2, argv + 2);
   fprintf(stderr, "ffplan: unknown command \"%s\" (see ffplan --help)\n", cmd);

@@ -6,5 +6,6 @@
 #include "ff_format.h"
 
 int ffplan_cmd_simulate(int argc, char **argv);
+int ffplan_cmd_plan(int argc, char **argv);
 
 #endif

@@ -1,0 +1,1218 @@
+/* search.c — the planner's search (see search.h and docs/planner.md).
+ *
+ * Phase 1 enumerates configurations — device types left idle, a TP degree per device type,
+ * pipeline count, layout (striped: each pipeline takes one unit from every node in turn, so the
+ * DP peers of a stage share a node; blocked: each pipeline takes consecutive units), micro-batch
+ * size — and scores each with a cheap surrogate: per pipeline the layer split that minimises the
+ * slowest stage under memory (exact, by bisection on the stage time), the micro-batch split that
+ * minimises the closed-form pipeline time (exact, likewise), plus an estimate of the DP
+ * all-reduce. Phase 2 scores the best surrogates with the full cost model and simulator, refines
+ * the best with the GLPK program (milp.c) and local moves, and keeps runner-ups. */
+#include "search.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "milp.h"
+#include "ff_version.h"
+
+#define MAX_TYPES 64
+#define MAX_TP_OPTIONS 11 /* 1, 2, 4, ..., 1024 */
+#define SURROGATE_KEEP 24
+#define N_MODES 3
+
+struct ff_search_ctx {
+  const ff_cluster *cluster;
+  const ff_model *model;
+  const ff_training *training;
+  ff_search_opts opts;
+  int *node_order; /* canonical order: group, device speed (fast first), name */
+  int64_t scored;  /* full evaluations */
+};
+
+/* ---- canonical node order ---------------------------------------------------------------- */
+
+static const ff_search_ctx *order_ctx; /* qsort has no context argument; set only around qsort */
+
+static const char *group_name(const ff_cluster *c, int node) {
+  int g = c->nodes[node].group;
+  return g >= 0 ? c->groups[g].name : "";
+}
+
+static int cmp_nodes(const void *a, const void *b) {
+  const ff_cluster *c = order_ctx->cluster;
+  int x = *(const int *)a, y = *(const int *)b;
+  int g = strcmp(group_name(c, x), group_name(c, y));
+  if (g)
+    return g;
+  double px = ff_peak_flops(&c->devices[c->nodes[x].device], order_ctx->training->precision);
+  double py = ff_peak_flops(&c->devices[c->nodes[y].device], order_ctx->training->precision);
+  if (px != py)
+    return px > py ? -1 : 1;
+  return strcmp(c->nodes[x].name, c->nodes[y].name);
+}
+
+/* ---- per-unit costs ---------------------------------------------------------------------- */
+
+typedef struct unit_cost {
+  double layer_seconds[N_MODES]; /* fwd + bwd + recompute + TP, per layer per micro-batch */
+  double state_bytes_per_layer;  /* weights, gradients, master, moments of one layer (per rank) */
+  double act_bytes_per_layer[N_MODES]; /* per micro-batch in flight */
+  double capacity_bytes;         /* memory minus runtime reserve */
+  double embed_seconds, head_seconds; /* extra per micro-batch on the end stages */
+  double embed_bytes, head_bytes;     /* extra state on the end stages (and logits) */
+  double peak_flops;             /* the unit's summed dense peak */
+} unit_cost;
+
+/* The slowest rank of an even split holds the rounded-up share. */
+static ff_shard unit_shard(const ff_model *m, int tp) {
+  ff_shard sh;
+  sh.heads = (double)((m->heads + tp - 1) / tp);
+  int64_t g = m->heads / m->kv_heads;
+  sh.kv_heads = (double)((int64_t)sh.heads + g - 1) / (double)g + 1.0;
+  if (sh.kv_heads > (double)m->kv_heads)
+    sh.kv_heads = (double)m->kv_heads;
+  if (m->kv_heads % tp == 0)
+    sh.kv_heads = (double)(m->kv_heads / tp);
+  sh.ffn = (double)((m->ffn_hidden + tp - 1) / tp);
+  sh.vocab = (double)((m->vocab + tp - 1) / tp);
+  return sh;
+}
+
+static unit_cost compute_unit_cost(const ff_search_ctx *ctx, const ff_unit *u, int64_t b,
+                                   int dp) {
+  const ff_model *m = ctx->model;
+  const ff_training *t = ctx->training;
+  const ff_device *dev = &ctx->cluster->devices[u->device];
+  unit_cost uc;
+  memset(&uc, 0, sizeof uc);
+  ff_shard sh = unit_shard(m, u->tp);
+  double s = (double)m->seq_len, h = (double)m->hidden;
+  double elem = t->precision == FF_PRECISION_BF16 ? 2.0 : 4.0;
+  int node[1024], gpu[1024];
+  for (int i = 0; i < u->tp; i++) {
+    node[i] = u->node;
+    gpu[i] = u->first_gpu + i;
+  }
+  double tp_ar = ff_comm_allreduce(ctx->cluster, u->tp, node, gpu, (double)b * s * h * elem);
+  double bpp = ff_mem_bytes_per_param(t->precision, t->zero1, dp);
+  for (int mode = 0; mode < N_MODES; mode++) {
+    ff_layer_time lt = ff_cost_layer_time(m, t->precision, dev, sh, (double)b, (ff_recompute)mode, tp_ar);
+    uc.layer_seconds[mode] = lt.fwd + lt.bwd + lt.recompute + lt.tp_fwd + lt.tp_bwd;
+    uc.act_bytes_per_layer[mode] = ff_mem_activation_layer_bytes(
+        s, (double)b, h, (double)m->heads, (double)m->heads / sh.heads, false, (ff_recompute)mode);
+  }
+  uc.state_bytes_per_layer = ff_cost_layer_params(m, sh) * bpp;
+  uc.capacity_bytes = (dev->memory_gib - dev->runtime_reserve_gib) * FF_GIB;
+  double head = ff_time_gemm(dev, t->precision, (double)b * s, sh.vocab, h);
+  uc.head_seconds = 3.0 * head + 2.0 * ff_time_memory(dev, 3.0 * (double)b * s * sh.vocab * 4.0);
+  uc.embed_seconds = ff_time_memory(dev, (double)b * s * h * (elem + 8.0)) + (u->tp > 1 ? 2.0 * tp_ar : 0.0);
+  uc.embed_bytes = sh.vocab * h * bpp;
+  uc.head_bytes = (sh.vocab * h + h) * bpp + 4.0 * (double)b * s * sh.vocab;
+  uc.peak_flops = ff_peak_flops(dev, t->precision) * u->tp;
+  return uc;
+}
+
+/* ---- layer split: minimise the slowest stage subject to memory --------------------------- */
+
+typedef struct stage_model {
+  double tau[N_MODES];   /* seconds per layer */
+  double cap[N_MODES];   /* most layers that fit */
+  double fixed_seconds;  /* embedding / head work */
+  bool end;              /* holds the embedding or the LM head: may hold no layers */
+} stage_model;
+
+static int64_t layers_within(const stage_model *sm, double T, int lo_mode, int hi_mode, int *mode) {
+  int64_t best = -1;
+  *mode = lo_mode;
+  for (int md = lo_mode; md <= hi_mode; md++) {
+    if (sm->tau[md] <= 0)
+      continue;
+    double by_time = floor((T - sm->fixed_seconds) / sm->tau[md] + 1e-9);
+    double n = by_time < sm->cap[md] ? by_time : sm->cap[md];
+    if (n < 0)
+      n = -1;
+    if ((int64_t)n > best) {
+      best = (int64_t)n;
+      *mode = md;
+    }
+  }
+  return best;
+}
+
+static int64_t count_within(const stage_model *sms, int p, double T, int lo, int hi) {
+  int64_t total = 0;
+  int mode;
+  for (int k = 0; k < p; k++) {
+    int64_t n = layers_within(&sms[k], T, lo, hi, &mode);
+    if (n < (sms[k].end ? 0 : 1))
+      return -1;
+    total += n;
+  }
+  return total;
+}
+
+/* Optimal layers (and recompute modes) per stage; false when the model does not fit. */
+static bool split_layers(const stage_model *sms, int p, int64_t layers, int lo, int hi,
+                         int64_t *out, int *modes, double *stage_seconds) {
+  double T_hi = 0;
+  for (int k = 0; k < p; k++) {
+    double t = (double)layers * sms[k].tau[hi] + sms[k].fixed_seconds;
+    if (t > T_hi)
+      T_hi = t;
+  }
+  if (count_within(sms, p, T_hi, lo, hi) < layers)
+    return false;
+  double T_lo = 0;
+  for (int it = 0; it < 64; it++) {
+    double mid = 0.5 * (T_lo + T_hi);
+    if (count_within(sms, p, mid, lo, hi) >= layers)
+      T_hi = mid;
+    else
+      T_lo = mid;
+  }
+  int64_t total = 0;
+  for (int k = 0; k < p; k++) {
+    out[k] = layers_within(&sms[k], T_hi, lo, hi, &modes[k]);
+    total += out[k];
+  }
+  /* Give back the surplus from the slowest stages first. */
+  while (total > layers) {
+    int worst = -1;
+    double worst_t = -1;
+    for (int k = 0; k < p; k++) {
+      if (out[k] <= (sms[k].end ? 0 : 1))
+        continue;
+      double t = (double)out[k] * sms[k].tau[modes[k]] + sms[k].fixed_seconds;
+      if (t > worst_t) {
+        worst_t = t;
+        worst = k;
+      }
+    }
+    if (worst < 0)
+      return false;
+    out[worst]--;
+    total--;
+  }
+  /* The cheapest recompute mode that holds the layers. */
+  for (int k = 0; k < p; k++) {
+    for (int md = lo; md <= hi; md++)
+      if (sms[k].cap[md] >= (double)out[k]) {
+        modes[k] = md;
+        break;
+      }
+    stage_seconds[k] = (double)out[k] * sms[k].tau[modes[k]] + sms[k].fixed_seconds;
+  }
+  return true;
+}
+
+/* ---- micro-batch split: minimise the slowest closed-form pipeline time -------------------- */
+
+static void split_micro_batches(const double *slow, const double *sum, int n, int64_t total,
+                                int64_t *out) {
+  double T_lo = 0, T_hi = 0;
+  for (int j = 0; j < n; j++) {
+    double t = (double)(total - 1) * slow[j] + sum[j];
+    if (t > T_hi)
+      T_hi = t;
+  }
+  for (int it = 0; it < 80; it++) {
+    double mid = 0.5 * (T_lo + T_hi);
+    double count = 0;
+    for (int j = 0; j < n; j++)
+      count += mid >= sum[j] ? floor((mid - sum[j]) / slow[j]) + 1 : 0;
+    if (count >= (double)total)
+      T_hi = mid;
+    else
+      T_lo = mid;
+  }
+  int64_t have = 0;
+  for (int j = 0; j < n; j++) {
+    double m = T_hi >= sum[j] ? floor((T_hi - sum[j]) / slow[j]) + 1 : 1;
+    out[j] = m < 1 ? 1 : (int64_t)m;
+    have += out[j];
+  }
+  while (have > total) { /* take from the pipeline that finishes last */
+    int worst = -1;
+    double worst_t = -1;
+    for (int j = 0; j < n; j++) {
+      if (out[j] <= 1)
+        continue;
+      double t = (double)(out[j] - 1) * slow[j] + sum[j];
+      if (t > worst_t) {
+        worst_t = t;
+        worst = j;
+      }
+    }
+    if (worst < 0)
+      break;
+    out[worst]--;
+    have--;
+  }
+  while (have < total) { /* only when every pipeline was clamped to 1: give to the fastest */
+    int best = 0;
+    for (int j = 1; j < n; j++)
+      if ((double)out[j] * slow[j] + sum[j] < (double)out[best] * slow[best] + sum[best])
+        best = j;
+    out[best]++;
+    have++;
+  }
+}
+
+/* ---- candidates ------------------------------------------------------------------------- */
+
+void ff_candidate_free(ff_candidate *c) {
+  for (int j = 0; j < c->n_pipes; j++)
+    free(c->pipes[j].stages);
+  free(c->pipes);
+  free(c->units);
+  memset(c, 0, sizeof *c);
+  c->seconds = INFINITY;
+}
+
+ff_status ff_candidate_copy(const ff_candidate *src, ff_candidate *dst) {
+  *dst = *src;
+  dst->units = malloc((size_t)src->n_units * sizeof *dst->units);
+  dst->pipes = calloc((size_t)src->n_pipes, sizeof *dst->pipes);
+  if (!dst->units || !dst->pipes) {
+    free(dst->units), free(dst->pipes);
+    memset(dst, 0, sizeof *dst);
+    return FF_ERR_RUNTIME;
+  }
+  memcpy(dst->units, src->units, (size_t)src->n_units * sizeof *dst->units);
+  for (int j = 0; j < src->n_pipes; j++) {
+    dst->pipes[j] = src->pipes[j];
+    dst->pipes[j].stages = malloc((size_t)src->pipes[j].n_stages * sizeof(ff_cand_stage));
+    if (!dst->pipes[j].stages) {
+      dst->n_pipes = j;
+      ff_candidate_free(dst);
+      return FF_ERR_RUNTIME;
+    }
+    memcpy(dst->pipes[j].stages, src->pipes[j].stages,
+           (size_t)src->pipes[j].n_stages * sizeof(ff_cand_stage));
+  }
+  return FF_OK;
+}
+
+/* Split `total` into `parts` ranges as evenly as possible, the first ones one larger. */
+static ff_span even_range(int64_t total, int parts, int index) {
+  int64_t base = total / parts, extra = total % parts;
+  int64_t first = (int64_t)index * base + (index < extra ? index : extra);
+  return (ff_span){first, first + base + (index < extra ? 1 : 0)};
+}
+
+ff_status ff_candidate_to_plan(const ff_search_ctx *ctx, const ff_candidate *c, ff_plan *out) {
+  const ff_model *m = ctx->model;
+  memset(out, 0, sizeof *out);
+  out->model = *m;
+  out->training = *ctx->training;
+  out->cluster = *ctx->cluster;
+  out->pipelines = calloc((size_t)c->n_pipes, sizeof *out->pipelines);
+  if (!out->pipelines)
+    return FF_ERR_RUNTIME;
+  out->n_pipelines = c->n_pipes;
+  int64_t rank = 0, g = m->heads / m->kv_heads;
+  for (int j = 0; j < c->n_pipes; j++) {
+    const ff_cand_pipe *cp = &c->pipes[j];
+    ff_plan_pipeline *pl = &out->pipelines[j];
+    pl->micro_batch_size = c->micro_batch_size;
+    pl->micro_batches = cp->micro_batches;
+    pl->batch = c->micro_batch_size * cp->micro_batches;
+    pl->stages = calloc((size_t)cp->n_stages, sizeof *pl->stages);
+    if (!pl->stages)
+      return FF_ERR_RUNTIME;
+    pl->n_stages = cp->n_stages;
+    int64_t layer = 0;
+    for (int k = 0; k < cp->n_stages; k++) {
+      const ff_unit *u = &c->units[cp->stages[k].unit];
+      ff_plan_stage *st = &pl->stages[k];
+      st->layers = (ff_span){layer, layer + cp->stages[k].layers};
+      layer = st->layers.end;
+      st->embedding = k == 0;
+      st->lm_head = k == cp->n_stages - 1;
+      st->recompute = cp->stages[k].recompute;
+      st->ranks = calloc((size_t)u->tp, sizeof *st->ranks);
+      if (!st->ranks)
+        return FF_ERR_RUNTIME;
+      st->n_ranks = u->tp;
+      for (int t = 0; t < u->tp; t++) {
+        ff_plan_rank *r = &st->ranks[t];
+        r->rank = rank++;
+        r->node = u->node;
+        r->gpu = u->first_gpu + t;
+        r->device = u->device;
+        r->heads = even_range(m->heads, u->tp, t);
+        r->kv_heads = (ff_span){r->heads.first / g, (r->heads.end + g - 1) / g};
+        r->ffn = even_range(m->ffn_hidden, u->tp, t);
+        if (st->embedding || st->lm_head)
+          r->vocab = even_range(m->vocab, u->tp, t);
+      }
+    }
+  }
+  out->n_ranks = rank;
+  return FF_OK;
+}
+
+/* Free what ff_candidate_to_plan allocated (the inputs are borrowed). */
+static void free_borrowed_plan(ff_plan *p) {
+  for (int j = 0; j < p->n_pipelines; j++) {
+    for (int k = 0; k < p->pipelines[j].n_stages; k++)
+      free(p->pipelines[j].stages[k].ranks);
+    free(p->pipelines[j].stages);
+  }
+  free(p->pipelines);
+  memset(p, 0, sizeof *p);
+}
+
+double ff_candidate_score(ff_search_ctx *ctx, ff_candidate *c) {
+  ff_plan plan;
+  ff_plan_eval e;
+  c->seconds = INFINITY;
+  if (ff_candidate_to_plan(ctx, c, &plan) != FF_OK) {
+    free_borrowed_plan(&plan);
+    return INFINITY;
+  }
+  ctx->scored++;
+  if (ff_evaluate_plan(&plan, &e) == FF_OK) {
+    if (e.fits)
+      c->seconds = e.iteration_seconds;
+    ff_plan_eval_free(&e);
+  }
+  free_borrowed_plan(&plan);
+  return c->seconds;
+}
+
+/* ---- building candidates from a configuration ------------------------------------------- */
+
+typedef struct config {
+  int tp[MAX_TYPES];      /* per device type; 0: the type is left idle */
+  int n_pipes;
+  bool striped;
+  int64_t micro_batch_size;
+  /* fixed splits, for the baselines: equal layers / layers by memory, equal batch */
+  bool equal_layers, layers_by_memory, equal_batch;
+  int uniform_mode;       /* -1 free; else the one recompute mode for every stage */
+} config;
+
+static void describe(const ff_search_ctx *ctx, const config *cf, const ff_candidate *c, char *out,
+                     size_t cap) {
+  int min_s = 1 << 30, max_s = 0;
+  for (int j = 0; j < c->n_pipes; j++) {
+    if (c->pipes[j].n_stages < min_s)
+      min_s = c->pipes[j].n_stages;
+    if (c->pipes[j].n_stages > max_s)
+      max_s = c->pipes[j].n_stages;
+  }
+  size_t n = (size_t)snprintf(out, cap, "%d pipeline%s x %d", c->n_pipes, c->n_pipes == 1 ? "" : "s", min_s);
+  if (max_s != min_s)
+    n += (size_t)snprintf(out + n, cap - n, "-%d", max_s);
+  n += (size_t)snprintf(out + n, cap - n, " stages (%s), micro-batch %lld, TP", cf->striped ? "striped" : "blocked",
+                        (long long)c->micro_batch_size);
+  for (int d = 0; d < ctx->cluster->n_devices && n < cap; d++) {
+    bool present = false;
+    for (int i = 0; i < ctx->cluster->n_nodes; i++)
+      present |= ctx->cluster->nodes[i].device == d;
+    if (!present)
+      continue;
+    if (cf->tp[d])
+      n += (size_t)snprintf(out + n, cap - n, " %s:%d", ctx->cluster->devices[d].name, cf->tp[d]);
+    else
+      n += (size_t)snprintf(out + n, cap - n, " %s:idle", ctx->cluster->devices[d].name);
+  }
+}
+
+/* Units in canonical node order. */
+static int make_units(const ff_search_ctx *ctx, const config *cf, ff_unit *units) {
+  int n = 0;
+  for (int i = 0; i < ctx->cluster->n_nodes; i++) {
+    int node = ctx->node_order[i];
+    const ff_node *nd = &ctx->cluster->nodes[node];
+    int tp = cf->tp[nd->device];
+    if (tp <= 0)
+      continue;
+    for (int g = 0; g + tp <= nd->gpus; g += tp)
+      units[n++] = (ff_unit){node, g, tp, nd->device};
+  }
+  return n;
+}
+
+/* Per-stage models of one pipeline for the layer split. */
+static void stage_models(const ff_search_ctx *ctx, const ff_candidate *c, const ff_cand_pipe *cp,
+                         const unit_cost *costs, int64_t m_est, stage_model *sms) {
+  int p = cp->n_stages;
+  for (int k = 0; k < p; k++) {
+    const unit_cost *uc = &costs[cp->stages[k].unit];
+    stage_model *sm = &sms[k];
+    int64_t in_flight = ff_sim_in_flight(ctx->training->schedule, p, k, m_est);
+    double fixed_bytes = 0;
+    sm->fixed_seconds = 0;
+    sm->end = k == 0 || k == p - 1;
+    if (k == 0) {
+      fixed_bytes += uc->embed_bytes;
+      sm->fixed_seconds += uc->embed_seconds;
+    }
+    if (k == p - 1) {
+      fixed_bytes += uc->head_bytes;
+      sm->fixed_seconds += uc->head_seconds;
+    }
+    for (int md = 0; md < N_MODES; md++) {
+      sm->tau[md] = uc->layer_seconds[md];
+      double per_layer = uc->state_bytes_per_layer + uc->act_bytes_per_layer[md] * (double)in_flight;
+      double room = uc->capacity_bytes - fixed_bytes;
+      sm->cap[md] = room > 0 ? floor(room / per_layer) : -1;
+    }
+  }
+  (void)c;
+}
+
+/* Form the pipelines of a configuration and split layers and micro-batches. Returns the
+ * surrogate time, INFINITY when it does not fit or cannot be formed. */
+static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *units, int n_units,
+                              unit_cost *costs, ff_candidate *c) {
+  const ff_model *m = ctx->model;
+  const ff_training *t = ctx->training;
+  int D = cf->n_pipes;
+  int64_t N = t->global_batch / cf->micro_batch_size;
+  memset(c, 0, sizeof *c);
+  c->seconds = INFINITY;
+  if (D < 1 || n_units < D || N < D || t->global_batch % cf->micro_batch_size != 0)
+    return INFINITY;
+  if (cf->equal_batch && N % D != 0)
+    return INFINITY;
+  int p_max = (n_units + D - 1) / D;
+  if (p_max > m->layers + 1)
+    return INFINITY;
+  c->units = malloc((size_t)n_units * sizeof *c->units);
+  c->pipes = calloc((size_t)D, sizeof *c->pipes);
+  if (!c->units || !c->pipes) {
+    ff_candidate_free(c);
+    return INFINITY;
+  }
+  memcpy(c->units, units, (size_t)n_units * sizeof *units);
+  c->n_units = n_units;
+  c->n_pipes = D;
+  c->micro_batch_size = cf->micro_batch_size;
+  for (int j = 0; j < D; j++) {
+    int n = cf->striped ? (n_units - j + D - 1) / D : n_units / D + (j < n_units % D ? 1 : 0);
+    c->pipes[j].stages = calloc((size_t)n, sizeof(ff_cand_stage));
+    if (!c->pipes[j].stages) {
+      ff_candidate_free(c);
+      return INFINITY;
+    }
+    c->pipes[j].n_stages = n;
+  }
+  int first = 0;
+  for (int j = 0; j < D; j++)
+    for (int k = 0; k < c->pipes[j].n_stages; k++) {
+      int u = cf->striped ? j + k * D : first + k;
+      c->pipes[j].stages[k].unit = u;
+      if (!cf->striped && k == c->pipes[j].n_stages - 1)
+        first += c->pipes[j].n_stages;
+    }
+  int64_t m_est = N / D;
+  stage_model *sms = malloc((size_t)p_max * sizeof *sms);
+  double *slow = malloc((size_t)D * 3 * sizeof *slow);
+  int64_t *layers = malloc((size_t)p_max * sizeof *layers);
+  int *modes = malloc((size_t)p_max * sizeof *modes);
+  double *stage_t = malloc((size_t)p_max * sizeof *stage_t);
+  int64_t *mb = malloc((size_t)D * sizeof *mb);
+  double result = INFINITY;
+  if (!sms || !slow || !layers || !modes || !stage_t || !mb)
+    goto done;
+  double *sum = slow + D, *dp = slow + 2 * D;
+  int lo = cf->uniform_mode >= 0 ? cf->uniform_mode : 0;
+  int hi = cf->uniform_mode >= 0 ? cf->uniform_mode : N_MODES - 1;
+  if (t->recompute != FF_RECOMPUTE_AUTO)
+    lo = hi = (int)t->recompute;
+  double bpp_grad = 4.0;
+  for (int j = 0; j < D; j++) {
+    ff_cand_pipe *cp = &c->pipes[j];
+    int p = cp->n_stages;
+    /* Pipelines with the same composition as the previous one reuse its split. */
+    bool same = j > 0 && c->pipes[j - 1].n_stages == p;
+    for (int k = 0; same && k < p; k++) {
+      const ff_unit *a = &units[c->pipes[j - 1].stages[k].unit], *b = &units[cp->stages[k].unit];
+      same = a->device == b->device && a->tp == b->tp &&
+             ctx->cluster->nodes[a->node].island_gpus == ctx->cluster->nodes[b->node].island_gpus;
+    }
+    if (!same) {
+      stage_models(ctx, c, cp, costs, m_est, sms);
+      bool ok;
+      if (cf->equal_layers || cf->layers_by_memory) {
+        double weight_sum = 0;
+        for (int k = 0; k < p; k++)
+          weight_sum += cf->equal_layers ? 1.0 : costs[cp->stages[k].unit].capacity_bytes;
+        int64_t given = 0;
+        for (int k = 0; k < p; k++) {
+          double w = cf->equal_layers ? 1.0 : costs[cp->stages[k].unit].capacity_bytes;
+          layers[k] = (int64_t)floor((double)m->layers * w / weight_sum);
+          given += layers[k];
+        }
+        for (int k = 0; given < m->layers; k = (k + 1) % p, given++)
+          layers[k]++;
+        ok = true;
+        for (int k = 0; k < p && ok; k++) {
+          if (layers[k] < (sms[k].end ? 0 : 1))
+            ok = false;
+          modes[k] = -1;
+          for (int md = lo; md <= hi && modes[k] < 0; md++)
+            if (sms[k].cap[md] >= (double)layers[k])
+              modes[k] = md;
+          if (modes[k] < 0)
+            ok = false;
+          else
+            stage_t[k] = (double)layers[k] * sms[k].tau[modes[k]] + sms[k].fixed_seconds;
+        }
+      } else {
+        ok = split_layers(sms, p, m->layers, lo, hi, layers, modes, stage_t);
+      }
+      if (!ok)
+        goto done;
+    }
+    slow[j] = 0;
+    sum[j] = 0;
+    dp[j] = 0;
+    for (int k = 0; k < p; k++) {
+      cp->stages[k].layers = layers[k];
+      cp->stages[k].recompute = (ff_recompute)modes[k];
+      if (stage_t[k] > slow[j])
+        slow[j] = stage_t[k];
+      sum[j] += stage_t[k];
+    }
+    /* DP estimate: the stage's gradients over the slowest link to the next pipeline's peer. */
+    if (D > 1) {
+      for (int k = 0; k < p; k++) {
+        const ff_unit *u = &units[cp->stages[k].unit];
+        const ff_cand_pipe *np = &c->pipes[(j + 1) % D];
+        const ff_unit *v = &units[np->stages[k < np->n_stages ? k : np->n_stages - 1].unit];
+        ff_link l = ff_cluster_gpu_link(ctx->cluster, u->node, u->first_gpu, v->node, v->first_gpu);
+        double bytes = (double)layers[k] * costs[cp->stages[k].unit].state_bytes_per_layer /
+                       ff_mem_bytes_per_param(t->precision, t->zero1, D) * bpp_grad;
+        double tdp = ff_comm_allreduce_ring(D, bytes, l);
+        if (tdp > dp[j])
+          dp[j] = tdp;
+      }
+    }
+  }
+  if (cf->equal_batch) {
+    for (int j = 0; j < D; j++)
+      mb[j] = N / D;
+  } else {
+    split_micro_batches(slow, sum, D, N, mb);
+  }
+  result = 0;
+  for (int j = 0; j < D; j++) {
+    c->pipes[j].micro_batches = mb[j];
+    double tj = (double)(mb[j] - 1) * slow[j] + sum[j] + dp[j];
+    if (tj > result)
+      result = tj;
+  }
+done:
+  free(sms), free(slow), free(layers), free(modes), free(stage_t), free(mb);
+  if (!isfinite(result))
+    ff_candidate_free(c);
+  return result;
+}
+
+/* ---- the keep-list ---------------------------------------------------------------------- */
+
+typedef struct keep_list {
+  ff_candidate *items;
+  double *surrogate;
+  config *configs;
+  int n, cap;
+} keep_list;
+
+/* Insert c (taking ownership) if it is among the best `cap` by `score`; ties keep the earlier. */
+static void keep_insert(keep_list *k, ff_candidate *c, double score, const config *cf) {
+  if (!isfinite(score)) {
+    ff_candidate_free(c);
+    return;
+  }
+  int at = k->n;
+  while (at > 0 && k->surrogate[at - 1] > score)
+    at--;
+  if (at >= k->cap) {
+    ff_candidate_free(c);
+    return;
+  }
+  if (k->n == k->cap) {
+    ff_candidate_free(&k->items[k->cap - 1]);
+    k->n--;
+  }
+  memmove(&k->items[at + 1], &k->items[at], (size_t)(k->n - at) * sizeof *k->items);
+  memmove(&k->surrogate[at + 1], &k->surrogate[at], (size_t)(k->n - at) * sizeof *k->surrogate);
+  memmove(&k->configs[at + 1], &k->configs[at], (size_t)(k->n - at) * sizeof *k->configs);
+  k->items[at] = *c;
+  k->surrogate[at] = score;
+  k->configs[at] = *cf;
+  k->n++;
+  memset(c, 0, sizeof *c);
+}
+
+static bool keep_init(keep_list *k, int cap) {
+  k->cap = cap;
+  k->n = 0;
+  k->items = calloc((size_t)cap + 1, sizeof *k->items);
+  k->surrogate = calloc((size_t)cap + 1, sizeof *k->surrogate);
+  k->configs = calloc((size_t)cap + 1, sizeof *k->configs);
+  return k->items && k->surrogate && k->configs;
+}
+
+static void keep_free(keep_list *k) {
+  for (int i = 0; i < k->n; i++)
+    ff_candidate_free(&k->items[i]);
+  free(k->items), free(k->surrogate), free(k->configs);
+  memset(k, 0, sizeof *k);
+}
+
+/* ---- enumeration ------------------------------------------------------------------------ */
+
+typedef struct type_info {
+  int device;
+  int tp_options[MAX_TP_OPTIONS];
+  int n_tp;
+  double speed;
+} type_info;
+
+static int type_infos(const ff_search_ctx *ctx, type_info *types) {
+  const ff_cluster *c = ctx->cluster;
+  int n = 0;
+  for (int d = 0; d < c->n_devices && n < MAX_TYPES; d++) {
+    int gcd = 0;
+    for (int i = 0; i < c->n_nodes; i++) {
+      if (c->nodes[i].device != d)
+        continue;
+      int a = gcd, b = c->nodes[i].gpus;
+      while (b) {
+        int r = a % b;
+        a = b;
+        b = r;
+      }
+      gcd = a;
+    }
+    if (gcd == 0)
+      continue;
+    type_info *ti = &types[n++];
+    ti->device = d;
+    ti->n_tp = 0;
+    for (int t = 1; t <= gcd && t <= ctx->model->heads && ti->n_tp < MAX_TP_OPTIONS; t *= 2)
+      if (gcd % t == 0)
+        ti->tp_options[ti->n_tp++] = t;
+    ti->speed = ff_peak_flops(&c->devices[d], ctx->training->precision);
+  }
+  return n;
+}
+
+typedef struct enum_state {
+  ff_search_ctx *ctx;
+  keep_list *keep;
+  ff_unit *units;
+  unit_cost *costs;
+  int64_t configs;
+} enum_state;
+
+/* Every pipeline count, layout and micro-batch size for one TP assignment. */
+static double enumerate_shapes(enum_state *es, config *cf) {
+  ff_search_ctx *ctx = es->ctx;
+  int n_units = make_units(ctx, cf, es->units);
+  if (n_units == 0)
+    return INFINITY;
+  double best = INFINITY;
+  int last_D = -1;
+  int p_limit = n_units < ctx->model->layers ? n_units : (int)ctx->model->layers;
+  for (int p = 1; p <= p_limit; p++) {
+    int D = n_units / p;
+    if (D == last_D || D < 1)
+      continue;
+    last_D = D;
+    for (int layout = 0; layout < 2; layout++) {
+      cf->striped = layout == 0;
+      if (D == 1 && !cf->striped)
+        continue; /* one pipeline: both layouts are the same */
+      for (int mi = 0; mi < ctx->training->n_micro_batch_sizes; mi++) {
+        cf->micro_batch_size = ctx->training->micro_batch_sizes[mi];
+        cf->n_pipes = D;
+        if (ctx->training->global_batch % cf->micro_batch_size != 0)
+          continue;
+        for (int u = 0; u < n_units; u++)
+          es->costs[u] = compute_unit_cost(ctx, &es->units[u], cf->micro_batch_size, D);
+        ff_candidate c;
+        es->configs++;
+        double s = build_candidate(ctx, cf, es->units, n_units, es->costs, &c);
+        if (s < best)
+          best = s;
+        keep_insert(es->keep, &c, s, cf);
+      }
+    }
+  }
+  return best;
+}
+
+static void enumerate_uniform_modes(enum_state *es, config *cf, bool uniform_modes) {
+  if (!uniform_modes) {
+    cf->uniform_mode = -1;
+    enumerate_shapes(es, cf);
+    return;
+  }
+  for (int md = 0; md < N_MODES; md++) {
+    cf->uniform_mode = md;
+    enumerate_shapes(es, cf);
+  }
+}
+
+/* TP per device type: the whole product when it is small, else coordinate descent from every
+ * type at TP 1. */
+static void enumerate_tp(enum_state *es, config *base, type_info *types, int n_types,
+                         ff_baseline baseline) {
+  ff_search_ctx *ctx = es->ctx;
+  if (baseline == FF_BASELINE_UNIFORM) {
+    /* One TP degree everywhere: those every active type offers. */
+    for (int t = 1; t <= 1024; t *= 2) {
+      bool all = true;
+      for (int i = 0; i < n_types; i++) {
+        if (base->tp[types[i].device] == 0)
+          continue;
+        bool has = false;
+        for (int k = 0; k < types[i].n_tp; k++)
+          has |= types[i].tp_options[k] == t;
+        all &= has;
+      }
+      if (!all)
+        continue;
+      config cf = *base;
+      for (int i = 0; i < n_types; i++)
+        if (cf.tp[types[i].device])
+          cf.tp[types[i].device] = t;
+      enumerate_uniform_modes(es, &cf, true);
+    }
+    return;
+  }
+  if (baseline == FF_BASELINE_FLASHFLEX) {
+    /* FlashFlex picks TP per machine from a fixed table: the largest degree inside one fast-link
+     * island (1 on PCIe-only machines). */
+    config cf = *base;
+    for (int i = 0; i < n_types; i++) {
+      int d = types[i].device;
+      if (!cf.tp[d])
+        continue;
+      int island = 1 << 30;
+      for (int n = 0; n < ctx->cluster->n_nodes; n++)
+        if (ctx->cluster->nodes[n].device == d && ctx->cluster->nodes[n].island_gpus < island)
+          island = ctx->cluster->nodes[n].island_gpus;
+      int t = 1;
+      for (int k = 0; k < types[i].n_tp; k++)
+        if (types[i].tp_options[k] <= island)
+          t = types[i].tp_options[k];
+      cf.tp[d] = t;
+    }
+    enumerate_uniform_modes(es, &cf, true);
+    return;
+  }
+  int64_t product = 1;
+  for (int i = 0; i < n_types; i++)
+    if (base->tp[types[i].device])
+      product *= types[i].n_tp;
+  if (product <= 16) {
+    int idx[MAX_TYPES] = {0};
+    for (;;) {
+      config cf = *base;
+      for (int i = 0; i < n_types; i++)
+        if (cf.tp[types[i].device])
+          cf.tp[types[i].device] = types[i].tp_options[idx[i]];
+      enumerate_uniform_modes(es, &cf, false);
+      int i = 0;
+      while (i < n_types) {
+        if (base->tp[types[i].device] && ++idx[i] < types[i].n_tp)
+          break;
+        idx[i] = 0;
+        i++;
+      }
+      if (i == n_types)
+        break;
+    }
+    return;
+  }
+  config cur = *base;
+  for (int i = 0; i < n_types; i++)
+    if (cur.tp[types[i].device])
+      cur.tp[types[i].device] = 1;
+  cur.uniform_mode = -1;
+  double cur_best = enumerate_shapes(es, &cur);
+  for (int pass = 0; pass < 3; pass++) {
+    bool improved = false;
+    for (int i = 0; i < n_types; i++) {
+      int d = types[i].device;
+      if (!cur.tp[d])
+        continue;
+      for (int k = 0; k < types[i].n_tp; k++) {
+        if (types[i].tp_options[k] == cur.tp[d])
+          continue;
+        config cf = cur;
+        cf.tp[d] = types[i].tp_options[k];
+        double s = enumerate_shapes(es, &cf);
+        if (s < cur_best) {
+          cur_best = s;
+          cur = cf;
+          improved = true;
+        }
+      }
+    }
+    if (!improved)
+      break;
+  }
+}
+
+/* ---- local refinement ------------------------------------------------------------------- */
+
+static bool try_move(ff_search_ctx *ctx, ff_candidate *best, ff_candidate *trial, int *budget) {
+  if (*budget <= 0)
+    return false;
+  (*budget)--;
+  double s = ff_candidate_score(ctx, trial);
+  if (s < best->seconds * (1 - 1e-12)) {
+    ff_candidate_free(best);
+    *best = *trial;
+    memset(trial, 0, sizeof *trial);
+    return true;
+  }
+  ff_candidate_free(trial);
+  return false;
+}
+
+/* Move a layer between neighbouring stages of a pipeline (and of every pipeline built the same
+ * way), a micro-batch between pipelines, or lower a stage's recompute; first improvement wins. */
+static void refine_locally(ff_search_ctx *ctx, ff_candidate *best, int budget) {
+  bool improved = true;
+  while (improved && budget > 0) {
+    improved = false;
+    for (int j = 0; j < best->n_pipes && !improved && budget > 0; j++) {
+      ff_cand_pipe *cp = &best->pipes[j];
+      for (int k = 0; k + 1 < cp->n_stages && !improved && budget > 0; k++) {
+        for (int dir = 0; dir < 2 && !improved; dir++) {
+          int from = dir ? k + 1 : k, to = dir ? k : k + 1;
+          if (cp->stages[from].layers <= 1)
+            continue;
+          ff_candidate trial;
+          if (ff_candidate_copy(best, &trial) != FF_OK)
+            return;
+          for (int q = 0; q < trial.n_pipes; q++) {
+            ff_cand_pipe *tp = &trial.pipes[q];
+            if (tp->n_stages != cp->n_stages || tp->stages[from].layers != cp->stages[from].layers ||
+                tp->stages[to].layers != cp->stages[to].layers)
+              continue;
+            tp->stages[from].layers--;
+            tp->stages[to].layers++;
+          }
+          improved = try_move(ctx, best, &trial, &budget);
+        }
+      }
+      for (int k = 0; k < cp->n_stages && !improved && budget > 0; k++) {
+        if (cp->stages[k].recompute == FF_RECOMPUTE_NONE || ctx->training->recompute != FF_RECOMPUTE_AUTO)
+          continue;
+        ff_candidate trial;
+        if (ff_candidate_copy(best, &trial) != FF_OK)
+          return;
+        trial.pipes[j].stages[k].recompute = (ff_recompute)(cp->stages[k].recompute - 1);
+        improved = try_move(ctx, best, &trial, &budget);
+      }
+    }
+    for (int a = 0; a < best->n_pipes && !improved && budget > 0; a++)
+      for (int b = 0; b < best->n_pipes && !improved && budget > 0; b++) {
+        if (a == b || best->pipes[a].micro_batches <= 1)
+          continue;
+        ff_candidate trial;
+        if (ff_candidate_copy(best, &trial) != FF_OK)
+          return;
+        trial.pipes[a].micro_batches--;
+        trial.pipes[b].micro_batches++;
+        improved = try_move(ctx, best, &trial, &budget);
+        if (best->n_pipes > 8)
+          break; /* on many pipelines, one partner per donor per round */
+      }
+  }
+}
+
+/* ---- bounds and messages ---------------------------------------------------------------- */
+
+static double lower_bound(const ff_search_ctx *ctx) {
+  const ff_cluster *c = ctx->cluster;
+  double flops = ff_flops_model_per_token(ctx->model) * (double)ctx->training->global_batch *
+                 (double)ctx->model->seq_len;
+  double speed = 0;
+  for (int i = 0; i < c->n_nodes; i++) {
+    const ff_device *dev = &c->devices[c->nodes[i].device];
+    double eff = FF_COST_GEMM_EFFICIENCY;
+    double peak = ff_peak_flops(dev, ctx->training->precision);
+    for (int g = 0; g < dev->n_gemm; g++)
+      if (dev->gemm[g].tflops * 1e12 / peak > eff)
+        eff = dev->gemm[g].tflops * 1e12 / peak;
+    speed += c->nodes[i].gpus * peak * (eff > 1 ? 1 : eff);
+  }
+  return flops / speed;
+}
+
+static void explain_infeasible(const ff_search_ctx *ctx, char *out, size_t cap) {
+  const ff_model *m = ctx->model;
+  const ff_training *t = ctx->training;
+  double params = (double)ff_model_parameters(m);
+  double states = params * ff_mem_bytes_per_param(t->precision, false, 1) / FF_GIB;
+  double reach = 0;
+  for (int i = 0; i < ctx->cluster->n_nodes; i++) {
+    const ff_device *dev = &ctx->cluster->devices[ctx->cluster->nodes[i].device];
+    reach += ctx->cluster->nodes[i].gpus * (dev->memory_gib - dev->runtime_reserve_gib);
+  }
+  if (t->global_batch % t->micro_batch_sizes[0] != 0) {
+    snprintf(out, cap, "no micro-batch size in [%lld, ...] divides the global batch %lld",
+             (long long)t->micro_batch_sizes[0], (long long)t->global_batch);
+    return;
+  }
+  snprintf(out, cap,
+           "model states need %.1f GiB per replica (%.2f B parameters at %.0f bytes each) plus "
+           "activations; the largest memory one pipeline can reach is %.1f GiB (every GPU of the "
+           "cluster, less runtime reserves). To make it fit: add GPUs, use recompute \"full\" or "
+           "\"auto\", a smaller micro-batch size, a shorter sequence, or zero1 with more pipelines",
+           states, params / 1e9, ff_mem_bytes_per_param(t->precision, false, 1), reach);
+}
+
+/* ---- the search ------------------------------------------------------------------------- */
+
+void ff_search_opts_default(ff_search_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->baseline = FF_BASELINE_NONE;
+  o->milp_node_budget = 2000;
+  o->local_moves = 400;
+  o->keep = 3;
+}
+
+static ff_status finish_plan(ff_search_ctx *ctx, const ff_candidate *best, const keep_list *scored,
+                             ff_search_result *res) {
+  ff_plan borrowed;
+  ff_status st = ff_candidate_to_plan(ctx, best, &borrowed);
+  if (st != FF_OK) {
+    free_borrowed_plan(&borrowed);
+    return st;
+  }
+  ff_plan *p = &res->plan;
+  *p = borrowed; /* take the pipelines; copy the inputs so the plan owns them */
+  if (ff_model_copy(ctx->model, &p->model) != FF_OK ||
+      ff_cluster_copy(ctx->cluster, &p->cluster) != FF_OK) {
+    return FF_ERR_RUNTIME;
+  }
+  p->training = *ctx->training;
+  ff_plan_eval e;
+  if (ff_evaluate_plan(p, &e) != FF_OK)
+    return FF_ERR_RUNTIME;
+  ff_plan_set_predicted(p, &e);
+  ff_plan_eval_free(&e);
+  p->has_search = true;
+  char planner[128];
+  snprintf(planner, sizeof planner, "ffplan %s%s", FF_VERSION,
+           ctx->opts.baseline == FF_BASELINE_UNIFORM     ? " --baseline uniform"
+           : ctx->opts.baseline == FF_BASELINE_FLASHFLEX ? " --baseline flashflex"
+                                                         : "");
+  p->search.planner = strdup(planner);
+  p->search.has_candidates = true;
+  p->search.candidates = res->candidates;
+  p->search.has_lower_bound = p->search.has_gap = true;
+  p->search.lower_bound_seconds = res->lower_bound_seconds;
+  p->search.gap = best->seconds / res->lower_bound_seconds - 1.0;
+  int n = 0;
+  p->search.runner_ups = calloc((size_t)ctx->opts.keep + 1, sizeof *p->search.runner_ups);
+  if (!p->search.planner || !p->search.runner_ups)
+    return FF_ERR_RUNTIME;
+  for (int i = 0; i < scored->n && n < ctx->opts.keep; i++) {
+    const ff_candidate *c = &scored->items[i];
+    if (!isfinite(c->seconds) || strcmp(c->summary, best->summary) == 0)
+      continue;
+    bool dup = false;
+    for (int k = 0; k < n; k++)
+      dup |= strcmp(p->search.runner_ups[k].summary, c->summary) == 0;
+    if (dup)
+      continue;
+    p->search.runner_ups[n].iteration_seconds = c->seconds;
+    p->search.runner_ups[n].summary = strdup(c->summary);
+    if (!p->search.runner_ups[n].summary)
+      return FF_ERR_RUNTIME;
+    n++;
+  }
+  p->search.n_runner_ups = n;
+  return FF_OK;
+}
+
+/* The starting configuration: the `idle` slowest device types left out, the baseline's rules. */
+static config base_config(const type_info *types, int n_types, const int *by_speed, int idle,
+                          ff_baseline baseline) {
+  config base;
+  memset(&base, 0, sizeof base);
+  base.uniform_mode = -1;
+  base.equal_layers = baseline == FF_BASELINE_UNIFORM;
+  base.layers_by_memory = baseline == FF_BASELINE_FLASHFLEX;
+  base.equal_batch = baseline != FF_BASELINE_NONE;
+  for (int i = 0; i < n_types; i++)
+    base.tp[types[i].device] = 1;
+  for (int i = 0; i < idle; i++)
+    base.tp[types[by_speed[i]].device] = 0;
+  return base;
+}
+
+ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_training *training,
+                    const ff_search_opts *opts, ff_search_result *res) {
+  memset(res, 0, sizeof *res);
+  ff_search_ctx ctx = {cluster, model, training, *opts, NULL, 0};
+  ff_status st = FF_ERR_RUNTIME;
+  type_info types[MAX_TYPES];
+  int n_types = type_infos(&ctx, types);
+  keep_list keep = {0}, scored = {0};
+  ff_unit *units = malloc((size_t)cluster->total_gpus * sizeof *units);
+  unit_cost *costs = malloc((size_t)cluster->total_gpus * sizeof *costs);
+  ctx.node_order = malloc((size_t)cluster->n_nodes * sizeof *ctx.node_order);
+  ff_candidate best = {0};
+  best.seconds = INFINITY;
+  if (!units || !costs || !ctx.node_order || !keep_init(&keep, SURROGATE_KEEP) ||
+      !keep_init(&scored, SURROGATE_KEEP))
+    goto done;
+  for (int i = 0; i < cluster->n_nodes; i++)
+    ctx.node_order[i] = i;
+  order_ctx = &ctx;
+  qsort(ctx.node_order, (size_t)cluster->n_nodes, sizeof *ctx.node_order, cmp_nodes);
+  order_ctx = NULL;
+  res->lower_bound_seconds = lower_bound(&ctx);
+
+  /* Device types by speed, slowest first: leaving the k slowest idle is a candidate too. */
+  int by_speed[MAX_TYPES];
+  for (int i = 0; i < n_types; i++)
+    by_speed[i] = i;
+  for (int i = 1; i < n_types; i++)
+    for (int k = i; k > 0 && types[by_speed[k]].speed < types[by_speed[k - 1]].speed; k--) {
+      int x = by_speed[k];
+      by_speed[k] = by_speed[k - 1];
+      by_speed[k - 1] = x;
+    }
+  enum_state es = {&ctx, &keep, units, costs, 0};
+  int max_idle = opts->baseline == FF_BASELINE_NONE ? n_types - 1 : 0;
+  for (int idle = 0; idle <= max_idle; idle++) {
+    config base = base_config(types, n_types, by_speed, idle, opts->baseline);
+    enumerate_tp(&es, &base, types, n_types, opts->baseline);
+    if (opts->progress)
+      fprintf(stderr, "\rffplan: %lld configurations", (long long)es.configs);
+  }
+  /* The planner's space contains the baselines' plans: their best shapes are candidates too,
+   * so the result is never worse than either baseline. */
+  keep_list seeds = {0};
+  if (opts->baseline == FF_BASELINE_NONE) {
+    if (!keep_init(&seeds, SURROGATE_KEEP))
+      goto done;
+    es.keep = &seeds;
+    for (int b = FF_BASELINE_UNIFORM; b <= FF_BASELINE_FLASHFLEX; b++) {
+      config base = base_config(types, n_types, by_speed, 0, (ff_baseline)b);
+      enumerate_tp(&es, &base, types, n_types, (ff_baseline)b);
+    }
+  }
+  if (opts->progress)
+    fprintf(stderr, "\n");
+
+  /* Phase 2: the full cost model on the best surrogates. */
+  for (int list = 0; list < 2; list++) {
+    keep_list *from = list == 0 ? &keep : &seeds;
+    for (int i = 0; i < from->n; i++) {
+      ff_candidate *c = &from->items[i];
+      describe(&ctx, &from->configs[i], c, c->summary, sizeof c->summary);
+      double s = ff_candidate_score(&ctx, c);
+      ff_candidate copy;
+      if (ff_candidate_copy(c, &copy) != FF_OK) {
+        keep_free(&seeds);
+        goto done;
+      }
+      keep_insert(&scored, &copy, s, &from->configs[i]);
+    }
+  }
+  keep_free(&seeds);
+  if (scored.n == 0) {
+    explain_infeasible(&ctx, res->infeasible_why, sizeof res->infeasible_why);
+    if (opts->baseline != FF_BASELINE_NONE) {
+      char why[sizeof res->infeasible_why];
+      snprintf(why, sizeof why, "no plan of the %s baseline's shape (%s) fits; without "
+               "--baseline the planner may still find one. %s",
+               opts->baseline == FF_BASELINE_UNIFORM ? "uniform" : "FlashFlex",
+               opts->baseline == FF_BASELINE_UNIFORM
+                   ? "one TP degree, one stage count, equal layers, equal batch"
+                   : "TP per machine from a fixed table, layers by memory, equal batch",
+               res->infeasible_why);
+      snprintf(res->infeasible_why, sizeof res->infeasible_why, "%s", why);
+    }
+    st = FF_ERR_INFEASIBLE;
+    goto done;
+  }
+  if (ff_candidate_copy(&scored.items[0], &best) != FF_OK)
+    goto done;
+  if (opts->baseline == FF_BASELINE_NONE) {
+    /* Refine the best few with the integer program, then locally. */
+    for (int i = 0; i < scored.n && i < 3; i++) {
+      ff_candidate refined;
+      if (ff_milp_refine(&ctx, &scored.items[i], opts->milp_node_budget, &refined) == FF_OK) {
+        if (refined.seconds < best.seconds) {
+          ff_candidate_free(&best);
+          best = refined;
+        } else {
+          ff_candidate_free(&refined);
+        }
+      }
+    }
+    refine_locally(&ctx, &best, opts->local_moves);
+  }
+  res->candidates = ctx.scored;
+  res->idle_gpus = (int)cluster->total_gpus;
+  for (int u = 0; u < best.n_units; u++)
+    res->idle_gpus -= best.units[u].tp;
+  st = finish_plan(&ctx, &best, &scored, res);
+  res->found = st == FF_OK;
+done:
+  ff_candidate_free(&best);
+  keep_free(&keep);
+  keep_free(&scored);
+  free(units);
+  free(costs);
+  free(ctx.node_order);
+  if (st != FF_OK && st != FF_ERR_INFEASIBLE)
+    ff_search_result_free(res);
+  return st;
+}
+
+void ff_search_result_free(ff_search_result *r) {
+  if (r->found)
+    ff_plan_free(&r->plan);
+  r->found = false;
+}
+
+/* For milp.c: per-stage surrogate inputs of a candidate. */
+ff_status ff_search_stage_costs(ff_search_ctx *ctx, const ff_candidate *c, int pipe,
+                                double *tau, double *fixed, double *cap) {
+  const ff_cand_pipe *cp = &c->pipes[pipe];
+  int p = cp->n_stages;
+  stage_model *sms = malloc((size_t)p * sizeof *sms);
+  if (!sms)
+    return FF_ERR_RUNTIME;
+  unit_cost *uc = calloc((size_t)c->n_units, sizeof *uc);
+  if (!uc) {
+    free(sms);
+    return FF_ERR_RUNTIME;
+  }
+  for (int k = 0; k < p; k++)
+    uc[cp->stages[k].unit] = compute_unit_cost(ctx, &c->units[cp->stages[k].unit], c->micro_batch_size, c->n_pipes);
+  stage_models(ctx, c, cp, uc, cp->micro_batches, sms);
+  for (int k = 0; k < p; k++) {
+    int md = (int)cp->stages[k].recompute;
+    tau[k] = sms[k].tau[md];
+    fixed[k] = sms[k].fixed_seconds;
+    cap[k] = sms[k].cap[md];
+  }
+  free(sms);
+  free(uc);
+  return FF_OK;
+}
+
+int64_t ff_search_model_layers(const ff_search_ctx *ctx) { return ctx->model->layers; }

@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 const char *const ff_mem_item_names[FF_MEM_COUNT] = {
     "weights", "gradients", "master_weights", "optimizer", "activations", "logits", "reserve"};
@@ -222,8 +223,20 @@ double ff_cost_layer_params(const ff_model *m, ff_shard sh) {
   return 2.0 * h * sh.heads * hd + 2.0 * h * sh.kv_heads * hd + 3.0 * h * sh.ffn + 2.0 * h;
 }
 
+static const ff_layer_measure *measured_layer(const ff_device *dev, const ff_model *m,
+                                              ff_precision prec, double b, int tp) {
+  for (int i = 0; i < dev->n_layers; i++) {
+    const ff_layer_measure *l = &dev->layers[i];
+    if (l->precision == prec && (double)l->micro_batch_size == b && l->tp == tp &&
+        strcmp(l->model, m->name) == 0)
+      return l;
+  }
+  return NULL;
+}
+
 ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, const ff_device *dev,
-                                 ff_shard sh, double b, ff_recompute rc, double tp_allreduce) {
+                                 ff_shard sh, double b, int tp, ff_recompute rc,
+                                 double tp_allreduce) {
   double s = (double)m->seq_len, h = (double)m->hidden, hd = (double)(m->hidden / m->heads);
   double elem = prec == FF_PRECISION_BF16 ? 2.0 : 4.0, tokens = b * s;
   double gemm = ff_time_gemm(dev, prec, tokens, (sh.heads + 2.0 * sh.kv_heads) * hd, h) +
@@ -243,5 +256,13 @@ ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, const ff_
   t.recompute = rc == FF_RECOMPUTE_FULL ? t.fwd : rc == FF_RECOMPUTE_SELECTIVE ? attention : 0.0;
   t.tp_fwd = 2.0 * tp_allreduce;
   t.tp_bwd = (rc == FF_RECOMPUTE_FULL ? 4.0 : 2.0) * tp_allreduce;
+  const ff_layer_measure *ml = measured_layer(dev, m, prec, b, tp);
+  if (ml) {
+    t.fwd = ml->forward_ms * 1e-3;
+    t.bwd = ml->backward_ms * 1e-3;
+    t.recompute = rc == FF_RECOMPUTE_FULL ? t.fwd : rc == FF_RECOMPUTE_SELECTIVE ? attention : 0.0;
+    t.tp_fwd = 0.0;
+    t.tp_bwd = rc == FF_RECOMPUTE_FULL ? 2.0 * tp_allreduce : 0.0;
+  }
   return t;
 }

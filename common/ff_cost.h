@@ -100,10 +100,13 @@ typedef struct ff_layer_time {
 
 /* Parameters of one layer held by a rank with this shard (norm weights replicated). */
 double ff_cost_layer_params(const ff_model *m, ff_shard sh);
-/* One layer of a rank's shard for a micro-batch of b sequences; tp_allreduce is the time of one
- * all-reduce of b·s·h activations over the rank's TP group. */
+/* One layer of a rank's shard for a micro-batch of b sequences in a TP group of `tp` ranks;
+ * tp_allreduce is the time of one all-reduce of b·s·h activations over that group. A measured
+ * layer time in the device profile for this model, precision, micro-batch size and TP degree
+ * takes precedence (it includes the TP communication it incurred). */
 ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, const ff_device *dev,
-                                 ff_shard sh, double b, ff_recompute rc, double tp_allreduce);
+                                 ff_shard sh, double b, int tp, ff_recompute rc,
+                                 double tp_allreduce);
 
 /* ---- the pipeline simulator ------------------------------------------------------------- */
 

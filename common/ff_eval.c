@@ -117,7 +117,7 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
     const ff_device *dev = &plan->cluster.devices[r->device];
     ff_rank_eval *re = &e->ranks[r->rank];
     ff_shard sh = rank_shard(st, r);
-    ff_layer_time lt = ff_cost_layer_time(m, tr->precision, dev, sh, b, st->recompute, tp_allreduce);
+    ff_layer_time lt = ff_cost_layer_time(m, tr->precision, dev, sh, b, st->n_ranks, st->recompute, tp_allreduce);
     double fwd = layers * lt.fwd, bwd = layers * lt.bwd, rec = layers * lt.recompute;
     double tp_fwd = layers * lt.tp_fwd, tp_bwd = layers * lt.tp_bwd;
     if (st->embedding) {
@@ -150,7 +150,8 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
     double t_eff = (double)m->heads / sh.heads;
     re->memory_bytes[FF_MEM_ACTIVATIONS] =
         layers * (double)se->in_flight *
-        ff_mem_activation_layer_bytes(sq, b, h, (double)m->heads, t_eff, false, st->recompute);
+        ff_mem_activation_layer_bytes(sq, b, h, (double)m->heads, t_eff, false, st->recompute) *
+        elem / 2.0; /* Korthikanti's constants count 16-bit activations */
     re->memory_bytes[FF_MEM_LOGITS] = st->lm_head ? 4.0 * b * sq * sh.vocab : 0.0;
     re->memory_bytes[FF_MEM_RESERVE] = dev->runtime_reserve_gib * FF_GIB;
     re->memory_total_bytes = 0.0;

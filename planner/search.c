@@ -100,10 +100,11 @@ static unit_cost compute_unit_cost(const ff_search_ctx *ctx, const ff_unit *u, i
   double tp_ar = ff_comm_allreduce(ctx->cluster, u->tp, node, gpu, (double)b * s * h * elem);
   double bpp = ff_mem_bytes_per_param(t->precision, t->zero1, dp);
   for (int mode = 0; mode < N_MODES; mode++) {
-    ff_layer_time lt = ff_cost_layer_time(m, t->precision, dev, sh, (double)b, (ff_recompute)mode, tp_ar);
+    ff_layer_time lt = ff_cost_layer_time(m, t->precision, dev, sh, (double)b, u->tp, (ff_recompute)mode, tp_ar);
     uc.layer_seconds[mode] = lt.fwd + lt.bwd + lt.recompute + lt.tp_fwd + lt.tp_bwd;
     uc.act_bytes_per_layer[mode] = ff_mem_activation_layer_bytes(
-        s, (double)b, h, (double)m->heads, (double)m->heads / sh.heads, false, (ff_recompute)mode);
+        s, (double)b, h, (double)m->heads, (double)m->heads / sh.heads, false, (ff_recompute)mode) *
+        elem / 2.0; /* as ff_eval.c: the paper's constants count 16-bit activations */
   }
   uc.state_bytes_per_layer = ff_cost_layer_params(m, sh) * bpp;
   uc.capacity_bytes = (dev->memory_gib - dev->runtime_reserve_gib) * FF_GIB;

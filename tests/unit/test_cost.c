@@ -271,6 +271,33 @@ static void ring_allreduce_follows_the_alpha_beta_formula(void **state) {
   assert_true(fabs(ff_comm_p2p(1e9, l) - (5e-6 + 0.1)) < 1e-12);
 }
 
+static void measured_layer_times_take_precedence(void **state) {
+  (void)state;
+  ff_diag d;
+  ff_plan plan;
+  ff_diag_init(&d, "h100 plan");
+  assert_int_equal(ff_load_plan("profiles/plans/h100-8-llama-2-7b.json", &d, &plan), FF_OK);
+  ff_plan_eval before, after;
+  assert_int_equal(ff_evaluate_plan(&plan, &before), FF_OK);
+  ff_device *dev = &plan.cluster.devices[0];
+  ff_layer_measure measured = {.precision = FF_PRECISION_BF16, .micro_batch_size = 2, .tp = 2,
+                               .forward_ms = 10.0, .backward_ms = 20.0};
+  snprintf(measured.model, sizeof measured.model, "%s", plan.model.name);
+  dev->layers = &measured;
+  dev->n_layers = 1;
+  assert_int_equal(ff_evaluate_plan(&plan, &after), FF_OK);
+  /* Stage 1 (16 layers, no embedding): forward is 16 x 10 ms plus the LM head. */
+  const ff_rank_eval *r = &after.ranks[2];
+  assert_true(r->compute_fwd_seconds >= 0.160 && r->compute_fwd_seconds < 0.160 + 0.05);
+  assert_true(after.ranks[2].compute_fwd_seconds != before.ranks[2].compute_fwd_seconds);
+  dev->layers = NULL;
+  dev->n_layers = 0;
+  ff_plan_eval_free(&before);
+  ff_plan_eval_free(&after);
+  ff_plan_free(&plan);
+  ff_diag_free(&d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(activation_memory_matches_korthikanti_figure_1_exactly),
@@ -284,6 +311,7 @@ int main(void) {
       cmocka_unit_test(memory_grows_with_micro_batch_size_and_in_flight_count),
       cmocka_unit_test(mixed_precision_takes_18_bytes_per_parameter),
       cmocka_unit_test(ring_allreduce_follows_the_alpha_beta_formula),
+      cmocka_unit_test(measured_layer_times_take_precedence),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -532,13 +532,15 @@ ff_status ff_cluster_copy(const ff_cluster *src, ff_cluster *dst) {
       goto fail;
   memcpy(dst->nodes, src->nodes, nn * sizeof *dst->nodes);
   memcpy(dst->node_by_name, src->node_by_name, nn * sizeof *dst->node_by_name);
-  memcpy(dst->overrides, src->overrides, (size_t)src->n_overrides * sizeof *dst->overrides);
+  if (src->n_overrides > 0)
+    memcpy(dst->overrides, src->overrides, (size_t)src->n_overrides * sizeof *dst->overrides);
   for (int i = 0; i < src->n_groups; i++, dst->n_groups++) {
     dst->groups[i] = src->groups[i];
     dst->groups[i].nodes = malloc(((size_t)src->groups[i].n_nodes + 1) * sizeof(int));
     if (!dst->groups[i].nodes)
       goto fail;
-    memcpy(dst->groups[i].nodes, src->groups[i].nodes, (size_t)src->groups[i].n_nodes * sizeof(int));
+    if (src->groups[i].n_nodes > 0)
+      memcpy(dst->groups[i].nodes, src->groups[i].nodes, (size_t)src->groups[i].n_nodes * sizeof(int));
   }
   return FF_OK;
 fail:

@@ -870,8 +870,10 @@ static void enumerate_tp(enum_state *es, config *base, type_info *types, int n_t
 /* ---- local refinement ------------------------------------------------------------------- */
 
 static bool try_move(ff_search_ctx *ctx, ff_candidate *best, ff_candidate *trial, int *budget) {
-  if (*budget <= 0)
+  if (*budget <= 0) {
+    ff_candidate_free(trial);
     return false;
+  }
   (*budget)--;
   double s = ff_candidate_score(ctx, trial);
   if (s < best->seconds * (1 - 1e-12)) {
@@ -885,56 +887,58 @@ static bool try_move(ff_search_ctx *ctx, ff_candidate *best, ff_candidate *trial
 }
 
 /* Move a layer between neighbouring stages of a pipeline (and of every pipeline built the same
- * way), a micro-batch between pipelines, or lower a stage's recompute; first improvement wins. */
+ * way), lower a stage's recompute, or move a micro-batch between pipelines; the first
+ * improvement is taken and the scan starts again. `best` changes on every improvement, so
+ * nothing of it is held across a move. */
 static void refine_locally(ff_search_ctx *ctx, ff_candidate *best, int budget) {
-  bool improved = true;
-  while (improved && budget > 0) {
-    improved = false;
-    for (int j = 0; j < best->n_pipes && !improved && budget > 0; j++) {
-      ff_cand_pipe *cp = &best->pipes[j];
-      for (int k = 0; k + 1 < cp->n_stages && !improved && budget > 0; k++) {
-        for (int dir = 0; dir < 2 && !improved; dir++) {
-          int from = dir ? k + 1 : k, to = dir ? k : k + 1;
-          if (cp->stages[from].layers <= 1)
+restart:
+  for (int j = 0; j < best->n_pipes && budget > 0; j++) {
+    int n_stages = best->pipes[j].n_stages;
+    for (int k = 0; k + 1 < n_stages && budget > 0; k++)
+      for (int dir = 0; dir < 2; dir++) {
+        int from = dir ? k + 1 : k, to = dir ? k : k + 1;
+        int64_t lf = best->pipes[j].stages[from].layers, lt = best->pipes[j].stages[to].layers;
+        if (lf <= 1)
+          continue;
+        ff_candidate trial;
+        if (ff_candidate_copy(best, &trial) != FF_OK)
+          return;
+        for (int q = 0; q < trial.n_pipes; q++) {
+          ff_cand_pipe *tp = &trial.pipes[q];
+          if (tp->n_stages != n_stages || tp->stages[from].layers != lf || tp->stages[to].layers != lt)
             continue;
-          ff_candidate trial;
-          if (ff_candidate_copy(best, &trial) != FF_OK)
-            return;
-          for (int q = 0; q < trial.n_pipes; q++) {
-            ff_cand_pipe *tp = &trial.pipes[q];
-            if (tp->n_stages != cp->n_stages || tp->stages[from].layers != cp->stages[from].layers ||
-                tp->stages[to].layers != cp->stages[to].layers)
-              continue;
-            tp->stages[from].layers--;
-            tp->stages[to].layers++;
-          }
-          improved = try_move(ctx, best, &trial, &budget);
+          tp->stages[from].layers--;
+          tp->stages[to].layers++;
         }
+        if (try_move(ctx, best, &trial, &budget))
+          goto restart;
       }
-      for (int k = 0; k < cp->n_stages && !improved && budget > 0; k++) {
-        if (cp->stages[k].recompute == FF_RECOMPUTE_NONE || ctx->training->recompute != FF_RECOMPUTE_AUTO)
-          continue;
-        ff_candidate trial;
-        if (ff_candidate_copy(best, &trial) != FF_OK)
-          return;
-        trial.pipes[j].stages[k].recompute = (ff_recompute)(cp->stages[k].recompute - 1);
-        improved = try_move(ctx, best, &trial, &budget);
-      }
+    for (int k = 0; k < n_stages && budget > 0; k++) {
+      ff_recompute rc = best->pipes[j].stages[k].recompute;
+      if (rc == FF_RECOMPUTE_NONE || ctx->training->recompute != FF_RECOMPUTE_AUTO)
+        continue;
+      ff_candidate trial;
+      if (ff_candidate_copy(best, &trial) != FF_OK)
+        return;
+      trial.pipes[j].stages[k].recompute = (ff_recompute)(rc - 1);
+      if (try_move(ctx, best, &trial, &budget))
+        goto restart;
     }
-    for (int a = 0; a < best->n_pipes && !improved && budget > 0; a++)
-      for (int b = 0; b < best->n_pipes && !improved && budget > 0; b++) {
-        if (a == b || best->pipes[a].micro_batches <= 1)
-          continue;
-        ff_candidate trial;
-        if (ff_candidate_copy(best, &trial) != FF_OK)
-          return;
-        trial.pipes[a].micro_batches--;
-        trial.pipes[b].micro_batches++;
-        improved = try_move(ctx, best, &trial, &budget);
-        if (best->n_pipes > 8)
-          break; /* on many pipelines, one partner per donor per round */
-      }
   }
+  for (int a = 0; a < best->n_pipes && budget > 0; a++)
+    for (int b = 0; b < best->n_pipes && budget > 0; b++) {
+      if (a == b || best->pipes[a].micro_batches <= 1)
+        continue;
+      ff_candidate trial;
+      if (ff_candidate_copy(best, &trial) != FF_OK)
+        return;
+      trial.pipes[a].micro_batches--;
+      trial.pipes[b].micro_batches++;
+      if (try_move(ctx, best, &trial, &budget))
+        goto restart;
+      if (best->n_pipes > 8)
+        break; /* on many pipelines, one partner per donor per round */
+    }
 }
 
 /* ---- bounds and messages ---------------------------------------------------------------- */

@@ -178,9 +178,15 @@ double ff_comm_allreduce(const ff_cluster *c, int n, const int *node, const int 
   for (int i = 1; i < n; i++)
     ring = slower(ring, ff_cluster_gpu_link(c, node[i - 1], gpu[i - 1], node[i], gpu[i]));
   double flat = ff_comm_allreduce_ring(n, bytes, ring);
+  bool one_node = true;
+  for (int i = 1; i < n && one_node; i++)
+    one_node = node[i] == node[0];
+  if (one_node) /* a TP group, or DP peers striped onto one node: nothing to arrange */
+    return flat;
   /* Hierarchical: members grouped by node (sorted, O(n log n)); the first member of each node is
    * its leader, and leaders in order of appearance form the inter-node ring. */
-  member *m = malloc(2 * (size_t)n * sizeof *m);
+  member small[2 * 64];
+  member *m = n <= 64 ? small : malloc(2 * (size_t)n * sizeof *m);
   if (!m)
     return flat;
   member *leaders = m + n;
@@ -207,7 +213,8 @@ double ff_comm_allreduce(const ff_cluster *c, int n, const int *node, const int 
     inter = slower(inter, ff_cluster_node_link(c, leaders[k - 1].node, leaders[k].node));
   if (nodes > 2)
     inter = slower(inter, ff_cluster_node_link(c, leaders[nodes - 1].node, leaders[0].node));
-  free(m);
+  if (m != small)
+    free(m);
   if (nodes <= 1 || largest <= 1)
     return flat;
   double local = ff_comm_allreduce_ring(largest, bytes, intra); /* reduce-scatter + all-gather */

@@ -112,12 +112,23 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
   double tp_allreduce = ff_comm_allreduce(&plan->cluster, st->n_ranks, node, gpu, act_bytes);
   se->in_flight = ff_sim_in_flight(tr->schedule, pl->n_stages, s, pl->micro_batches);
   int dp = plan->n_pipelines;
+  const ff_device *prev_dev = NULL;
+  ff_shard prev_sh;
+  ff_layer_time prev_lt;
+  memset(&prev_sh, 0, sizeof prev_sh);
+  memset(&prev_lt, 0, sizeof prev_lt);
   for (int t = 0; t < st->n_ranks; t++) {
     const ff_plan_rank *r = &st->ranks[t];
     const ff_device *dev = &plan->cluster.devices[r->device];
     ff_rank_eval *re = &e->ranks[r->rank];
     ff_shard sh = rank_shard(st, r);
-    ff_layer_time lt = ff_cost_layer_time(m, tr->precision, dev, sh, b, st->n_ranks, st->recompute, tp_allreduce);
+    /* Ranks of a group with the same shard on the same device take the same time. */
+    if (t == 0 || dev != prev_dev || memcmp(&sh, &prev_sh, sizeof sh) != 0)
+      prev_lt = ff_cost_layer_time(m, tr->precision, dev, sh, b, st->n_ranks, st->recompute,
+                                   tp_allreduce);
+    prev_dev = dev;
+    prev_sh = sh;
+    ff_layer_time lt = prev_lt;
     double fwd = layers * lt.fwd, bwd = layers * lt.bwd, rec = layers * lt.recompute;
     double tp_fwd = layers * lt.tp_fwd, tp_bwd = layers * lt.tp_bwd;
     if (st->embedding) {

@@ -4,34 +4,13 @@
  * warm-up forwards, then alternating forward/backward, then the remaining backwards). An
  * operation starts when its stage is free and its input has arrived: the forward of micro-batch j
  * on stage i needs stage i−1's forward of j plus the boundary transfer; the backward needs stage
- * i+1's backward of j plus the transfer back. A worklist of stages whose next operation may have
- * become ready visits every operation a constant number of times: O(p·m). */
+ * i+1's backward of j plus the transfer back. The operations of all stages are run in one fixed
+ * global order that meets every dependency (see run_1f1b), so each is visited once: O(p·m), a
+ * few instructions per operation. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "ff_cost.h"
-
-typedef struct op {
-  bool backward;
-  int64_t micro_batch;
-} op;
-
-/* The k-th operation (0 ≤ k < 2m) of stage i. */
-static op stage_op(ff_schedule schedule, int p, int i, int64_t m, int64_t k) {
-  if (schedule == FF_SCHEDULE_GPIPE)
-    return k < m ? (op){false, k} : (op){true, k - m};
-  int64_t warmup = ff_sim_in_flight(schedule, p, i, m) - 1;
-  if (warmup > m)
-    warmup = m;
-  if (k < warmup)
-    return (op){false, k};
-  int64_t steady_end = 2 * m - warmup;
-  if (k < steady_end) {
-    int64_t t = k - warmup;
-    return t % 2 == 0 ? (op){false, warmup + t / 2} : (op){true, t / 2};
-  }
-  return (op){true, m - warmup + (k - steady_end)};
-}
 
 int64_t ff_sim_in_flight(ff_schedule schedule, int p, int i, int64_t m) {
   if (schedule == FF_SCHEDULE_GPIPE)
@@ -40,85 +19,107 @@ int64_t ff_sim_in_flight(ff_schedule schedule, int p, int i, int64_t m) {
   return n < m ? n : m;
 }
 
+typedef struct sim {
+  int p;
+  int64_t m;
+  const double *fwd, *bwd, *send_fwd, *send_bwd;
+  double *fdone, *bdone; /* [stage][micro-batch] finish times */
+  double *free_at;
+  int64_t *held, *peak;
+} sim;
+
+static void run_forward(sim *s, int i, int64_t j) {
+  double ready = i == 0 ? 0.0 : s->fdone[(size_t)(i - 1) * s->m + j] + (s->send_fwd ? s->send_fwd[i - 1] : 0.0);
+  double start = s->free_at[i] > ready ? s->free_at[i] : ready;
+  s->free_at[i] = s->fdone[(size_t)i * s->m + j] = start + s->fwd[i];
+  if (++s->held[i] > s->peak[i])
+    s->peak[i] = s->held[i];
+}
+
+static void run_backward(sim *s, int i, int64_t j) {
+  double ready = i == s->p - 1 ? s->fdone[(size_t)i * s->m + j]
+                               : s->bdone[(size_t)(i + 1) * s->m + j] + (s->send_bwd ? s->send_bwd[i] : 0.0);
+  double start = s->free_at[i] > ready ? s->free_at[i] : ready;
+  s->free_at[i] = s->bdone[(size_t)i * s->m + j] = start + s->bwd[i];
+  s->held[i]--;
+}
+
+/* Forwards stage i runs before its first backward (Megatron-LM's warm-up): min(p−i−1, m). With
+ * this count, stage i−1 always has one more (or all m), which the order below relies on. */
+static int64_t warmup(int p, int i, int64_t m) {
+  int64_t w = p - i - 1;
+  return w < m ? w : m;
+}
+
+/* 1F1B in an order that meets every dependency: warm-up forwards stage by stage; then rounds r
+ * (stage i's r-th steady pair, forward of w_i + r then backward of r), each round from the last
+ * stage to the first — a forward needs the previous stage's round r−1 (or its warm-up), a
+ * backward the next stage's round r, done just before; then the cool-down backwards likewise. */
+static void run_1f1b(sim *s) {
+  int p = s->p;
+  int64_t m = s->m, rounds = 0;
+  for (int i = 0; i < p; i++) {
+    int64_t w = warmup(p, i, m);
+    for (int64_t j = 0; j < w; j++)
+      run_forward(s, i, j);
+    if (m - w > rounds)
+      rounds = m - w;
+  }
+  for (int64_t r = 0; r < rounds; r++)
+    for (int i = p - 1; i >= 0; i--) {
+      int64_t w = warmup(p, i, m);
+      if (r < m - w) {
+        run_forward(s, i, w + r);
+        run_backward(s, i, r);
+      }
+    }
+  for (int64_t c = 0; c < p; c++)
+    for (int i = p - 1; i >= 0; i--) {
+      int64_t w = warmup(p, i, m);
+      if (c < w)
+        run_backward(s, i, m - w + c);
+    }
+}
+
+static void run_gpipe(sim *s) {
+  for (int i = 0; i < s->p; i++)
+    for (int64_t j = 0; j < s->m; j++)
+      run_forward(s, i, j);
+  for (int i = s->p - 1; i >= 0; i--)
+    for (int64_t j = 0; j < s->m; j++)
+      run_backward(s, i, j);
+}
+
 double ff_sim_pipeline(ff_schedule schedule, int p, int64_t m, const double *fwd,
                        const double *bwd, const double *send_fwd, const double *send_bwd,
                        double *finish, double *busy, int64_t *peak) {
   size_t cells = (size_t)p * (size_t)m;
-  double *fdone = malloc(2 * cells * sizeof *fdone);
-  int64_t *next = calloc((size_t)p, sizeof *next);
-  int64_t *held = calloc((size_t)p, sizeof *held);
-  double *free_at = calloc((size_t)p, sizeof *free_at);
-  int *stack = malloc((size_t)p * sizeof *stack);
-  bool *queued = calloc((size_t)p, sizeof *queued);
-  if (!fdone || !next || !held || !free_at || !stack || !queued) {
-    free(fdone), free(next), free(held), free(free_at), free(stack), free(queued);
+  double *times = malloc((2 * cells + (size_t)p) * sizeof *times);
+  int64_t *counts = calloc(2 * (size_t)p, sizeof *counts);
+  if (!times || !counts) {
+    free(times), free(counts);
     return -1.0;
   }
-  double *bdone = fdone + cells;
-  for (size_t c = 0; c < 2 * cells; c++)
-    fdone[c] = -1.0;
-  if (peak)
-    memset(peak, 0, (size_t)p * sizeof *peak);
-  int top = 0;
-  for (int i = p - 1; i >= 0; i--) {
-    stack[top++] = i;
-    queued[i] = true;
-  }
-  while (top > 0) {
-    int i = stack[--top];
-    queued[i] = false;
-    while (next[i] < 2 * m) {
-      op o = stage_op(schedule, p, i, m, next[i]);
-      size_t at = (size_t)i * (size_t)m + (size_t)o.micro_batch;
-      double ready;
-      if (!o.backward) {
-        if (i == 0) {
-          ready = 0.0;
-        } else {
-          double dep = fdone[at - (size_t)m];
-          if (dep < 0)
-            break;
-          ready = dep + (send_fwd ? send_fwd[i - 1] : 0.0);
-        }
-      } else if (i == p - 1) {
-        ready = fdone[at]; /* its own forward, done earlier in this stage's order */
-      } else {
-        double dep = bdone[at + (size_t)m];
-        if (dep < 0)
-          break;
-        ready = dep + (send_bwd ? send_bwd[i] : 0.0);
-      }
-      double start = free_at[i] > ready ? free_at[i] : ready;
-      double end = start + (o.backward ? bwd[i] : fwd[i]);
-      free_at[i] = end;
-      if (o.backward) {
-        bdone[at] = end;
-        held[i]--;
-      } else {
-        fdone[at] = end;
-        held[i]++;
-        if (peak && held[i] > peak[i])
-          peak[i] = held[i];
-      }
-      next[i]++;
-      /* Neighbours may have been waiting for this operation. */
-      int neighbour = o.backward ? i - 1 : i + 1;
-      if (neighbour >= 0 && neighbour < p && !queued[neighbour]) {
-        stack[top++] = neighbour;
-        queued[neighbour] = true;
-      }
-    }
-  }
+  sim s = {p, m, fwd, bwd, send_fwd, send_bwd, times, times + cells, times + 2 * cells,
+           counts, counts + p};
+  for (int i = 0; i < p; i++)
+    s.free_at[i] = 0.0;
+  if (schedule == FF_SCHEDULE_GPIPE)
+    run_gpipe(&s);
+  else
+    run_1f1b(&s);
   double makespan = 0.0;
   for (int i = 0; i < p; i++) {
     if (finish)
-      finish[i] = free_at[i];
+      finish[i] = s.free_at[i];
     if (busy)
       busy[i] = (double)m * (fwd[i] + bwd[i]);
-    if (free_at[i] > makespan)
-      makespan = free_at[i];
+    if (peak)
+      peak[i] = s.peak[i];
+    if (s.free_at[i] > makespan)
+      makespan = s.free_at[i];
   }
-  free(fdone), free(next), free(held), free(free_at), free(stack), free(queued);
+  free(times), free(counts);
   return makespan;
 }
 

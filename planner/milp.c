@@ -271,6 +271,7 @@ ff_status ff_milp_refine(ff_search_ctx *ctx, const ff_candidate *from, int64_t n
   glp_iocp iocp;
   glp_init_iocp(&iocp);
   iocp.msg_lev = GLP_MSG_OFF;
+  iocp.br_tech = GLP_BR_MFV; /* the default Driebeck-Tomlin test costs a tableau row per variable */
   cb_info cb = {node_budget, warm, false};
   iocp.cb_func = callback;
   iocp.cb_info = &cb;

@@ -117,6 +117,42 @@ static unit_cost compute_unit_cost(const ff_search_ctx *ctx, const ff_unit *u, i
   return uc;
 }
 
+/* Two units cost the same when their device, TP degree and the links their group uses agree. */
+static bool same_kind(const ff_search_ctx *ctx, const ff_unit *a, const ff_unit *b) {
+  if (a->device != b->device || a->tp != b->tp)
+    return false;
+  if (a->tp == 1)
+    return true;
+  const ff_node *x = &ctx->cluster->nodes[a->node], *y = &ctx->cluster->nodes[b->node];
+  return x->island_gpus == y->island_gpus &&
+         x->island.bandwidth_gb_per_s == y->island.bandwidth_gb_per_s &&
+         x->island.latency_us == y->island.latency_us &&
+         x->intra.bandwidth_gb_per_s == y->intra.bandwidth_gb_per_s &&
+         x->intra.latency_us == y->intra.latency_us && a->first_gpu % x->island_gpus == 0 &&
+         b->first_gpu % y->island_gpus == 0;
+}
+
+/* Costs of every unit, computed once per kind of unit (a few per cluster). */
+static void unit_costs(const ff_search_ctx *ctx, const ff_unit *units, int n, int64_t b, int dp,
+                       unit_cost *out) {
+  enum { CACHE = 16 };
+  int seen[CACHE], n_seen = 0;
+  for (int u = 0; u < n; u++) {
+    int hit = -1;
+    for (int k = n_seen - 1; k >= 0 && hit < 0; k--)
+      if (same_kind(ctx, &units[seen[k]], &units[u]))
+        hit = seen[k];
+    if (hit >= 0) {
+      out[u] = out[hit];
+      continue;
+    }
+    out[u] = compute_unit_cost(ctx, &units[u], b, dp);
+    if (n_seen == CACHE)
+      memmove(seen, seen + 1, (CACHE - 1) * sizeof *seen), n_seen--;
+    seen[n_seen++] = u;
+  }
+}
+
 /* ---- layer split: minimise the slowest stage subject to memory --------------------------- */
 
 typedef struct stage_model {
@@ -126,87 +162,84 @@ typedef struct stage_model {
   bool end;              /* holds the embedding or the LM head: may hold no layers */
 } stage_model;
 
-static int64_t layers_within(const stage_model *sm, double T, int lo_mode, int hi_mode, int *mode) {
-  int64_t best = -1;
-  *mode = lo_mode;
-  for (int md = lo_mode; md <= hi_mode; md++) {
-    if (sm->tau[md] <= 0)
-      continue;
-    double by_time = floor((T - sm->fixed_seconds) / sm->tau[md] + 1e-9);
-    double n = by_time < sm->cap[md] ? by_time : sm->cap[md];
-    if (n < 0)
-      n = -1;
-    if ((int64_t)n > best) {
-      best = (int64_t)n;
+/* Time of stage sm holding n layers in the cheapest recompute mode (lo..hi) that fits them;
+ * INFINITY when none does. Nondecreasing in n. */
+static double stage_time(const stage_model *sm, int64_t n, int lo, int hi, int *mode) {
+  for (int md = lo; md <= hi; md++)
+    if (sm->cap[md] >= (double)n) {
       *mode = md;
+      return (double)n * sm->tau[md] + sm->fixed_seconds;
     }
-  }
-  return best;
+  *mode = hi;
+  return INFINITY;
 }
 
-static int64_t count_within(const stage_model *sms, int p, double T, int lo, int hi) {
-  int64_t total = 0;
-  int mode;
-  for (int k = 0; k < p; k++) {
-    int64_t n = layers_within(&sms[k], T, lo, hi, &mode);
-    if (n < (sms[k].end ? 0 : 1))
-      return -1;
-    total += n;
-  }
-  return total;
+typedef struct heap_item {
+  double next; /* the stage's time with one more layer */
+  int stage;
+} heap_item;
+
+static bool heap_less(heap_item a, heap_item b) {
+  return a.next < b.next || (a.next == b.next && a.stage < b.stage);
 }
 
-/* Optimal layers (and recompute modes) per stage; false when the model does not fit. */
+static void heap_sift_down(heap_item *h, int n, int i) {
+  for (;;) {
+    int l = 2 * i + 1, r = l + 1, m = i;
+    if (l < n && heap_less(h[l], h[m]))
+      m = l;
+    if (r < n && heap_less(h[r], h[m]))
+      m = r;
+    if (m == i)
+      return;
+    heap_item t = h[i];
+    h[i] = h[m];
+    h[m] = t;
+    i = m;
+  }
+}
+
+/* Optimal layers (and recompute modes) per stage: minimise the slowest stage subject to memory.
+ * Each stage's time is nondecreasing in its layers, so handing out layers one at a time to the
+ * stage that would be fastest with one more is optimal for the min-max (a heap keeps it
+ * O(layers·log p)). Middle stages start with one layer; the end stages, which hold the
+ * embedding or the LM head, may hold none. False when the layers do not fit. */
 static bool split_layers(const stage_model *sms, int p, int64_t layers, int lo, int hi,
                          int64_t *out, int *modes, double *stage_seconds) {
-  double T_hi = 0;
-  for (int k = 0; k < p; k++) {
-    double t = (double)layers * sms[k].tau[hi] + sms[k].fixed_seconds;
-    if (t > T_hi)
-      T_hi = t;
-  }
-  if (count_within(sms, p, T_hi, lo, hi) < layers)
+  heap_item *h = malloc((size_t)p * sizeof *h);
+  if (!h)
     return false;
-  double T_lo = 0;
-  for (int it = 0; it < 64; it++) {
-    double mid = 0.5 * (T_lo + T_hi);
-    if (count_within(sms, p, mid, lo, hi) >= layers)
-      T_hi = mid;
-    else
-      T_lo = mid;
-  }
-  int64_t total = 0;
+  int64_t given = 0;
   for (int k = 0; k < p; k++) {
-    out[k] = layers_within(&sms[k], T_hi, lo, hi, &modes[k]);
-    total += out[k];
+    out[k] = p == 1 ? 0 : (sms[k].end ? 0 : 1);
+    given += out[k];
   }
-  /* Give back the surplus from the slowest stages first. */
-  while (total > layers) {
-    int worst = -1;
-    double worst_t = -1;
-    for (int k = 0; k < p; k++) {
-      if (out[k] <= (sms[k].end ? 0 : 1))
-        continue;
-      double t = (double)out[k] * sms[k].tau[modes[k]] + sms[k].fixed_seconds;
-      if (t > worst_t) {
-        worst_t = t;
-        worst = k;
-      }
+  bool ok = given <= layers;
+  for (int k = 0; k < p && ok; k++)
+    ok = isfinite(stage_time(&sms[k], out[k], lo, hi, &modes[k]));
+  int n = 0;
+  for (int k = 0; k < p && ok; k++) {
+    h[n] = (heap_item){stage_time(&sms[k], out[k] + 1, lo, hi, &modes[k]), k};
+    n++;
+  }
+  for (int i = n / 2 - 1; i >= 0; i--)
+    heap_sift_down(h, n, i);
+  while (ok && given < layers) {
+    if (!isfinite(h[0].next)) {
+      ok = false; /* every stage is full */
+      break;
     }
-    if (worst < 0)
-      return false;
-    out[worst]--;
-    total--;
+    int k = h[0].stage;
+    out[k]++;
+    given++;
+    h[0].next = stage_time(&sms[k], out[k] + 1, lo, hi, &modes[k]);
+    heap_sift_down(h, n, 0);
   }
-  /* The cheapest recompute mode that holds the layers. */
-  for (int k = 0; k < p; k++) {
-    for (int md = lo; md <= hi; md++)
-      if (sms[k].cap[md] >= (double)out[k]) {
-        modes[k] = md;
-        break;
-      }
-    stage_seconds[k] = (double)out[k] * sms[k].tau[modes[k]] + sms[k].fixed_seconds;
-  }
+  free(h);
+  if (!ok)
+    return false;
+  for (int k = 0; k < p; k++)
+    stage_seconds[k] = stage_time(&sms[k], out[k], lo, hi, &modes[k]);
   return true;
 }
 
@@ -529,17 +562,35 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
   if (t->recompute != FF_RECOMPUTE_AUTO)
     lo = hi = (int)t->recompute;
   double bpp_grad = 4.0;
+  int reps[8], n_reps = 0;
   for (int j = 0; j < D; j++) {
     ff_cand_pipe *cp = &c->pipes[j];
     int p = cp->n_stages;
-    /* Pipelines with the same composition as the previous one reuse its split. */
-    bool same = j > 0 && c->pipes[j - 1].n_stages == p;
-    for (int k = 0; same && k < p; k++) {
-      const ff_unit *a = &units[c->pipes[j - 1].stages[k].unit], *b = &units[cp->stages[k].unit];
-      same = a->device == b->device && a->tp == b->tp &&
-             ctx->cluster->nodes[a->node].island_gpus == ctx->cluster->nodes[b->node].island_gpus;
+    /* Pipelines built like an earlier one (same stage count, device, TP degree and island size
+     * per stage) reuse its split. */
+    int twin = -1;
+    for (int r = 0; r < n_reps && twin < 0; r++) {
+      const ff_cand_pipe *q = &c->pipes[reps[r]];
+      bool same = q->n_stages == p;
+      for (int k = 0; same && k < p; k++) {
+        const ff_unit *a = &units[q->stages[k].unit], *b = &units[cp->stages[k].unit];
+        same = a->device == b->device && a->tp == b->tp &&
+               ctx->cluster->nodes[a->node].island_gpus == ctx->cluster->nodes[b->node].island_gpus;
+      }
+      if (same)
+        twin = reps[r];
     }
-    if (!same) {
+    if (twin >= 0) {
+      for (int k = 0; k < p; k++)
+        cp->stages[k] = (ff_cand_stage){cp->stages[k].unit, c->pipes[twin].stages[k].layers,
+                                        c->pipes[twin].stages[k].recompute};
+      slow[j] = slow[twin];
+      sum[j] = sum[twin];
+    } else {
+      if (n_reps < 8)
+        reps[n_reps++] = j;
+      else
+        reps[j % 8] = j;
       stage_models(ctx, c, cp, costs, m_est, sms);
       bool ok;
       if (cf->equal_layers || cf->layers_by_memory) {
@@ -572,17 +623,17 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
       }
       if (!ok)
         goto done;
+      slow[j] = 0;
+      sum[j] = 0;
+      for (int k = 0; k < p; k++) {
+        cp->stages[k].layers = layers[k];
+        cp->stages[k].recompute = (ff_recompute)modes[k];
+        if (stage_t[k] > slow[j])
+          slow[j] = stage_t[k];
+        sum[j] += stage_t[k];
+      }
     }
-    slow[j] = 0;
-    sum[j] = 0;
     dp[j] = 0;
-    for (int k = 0; k < p; k++) {
-      cp->stages[k].layers = layers[k];
-      cp->stages[k].recompute = (ff_recompute)modes[k];
-      if (stage_t[k] > slow[j])
-        slow[j] = stage_t[k];
-      sum[j] += stage_t[k];
-    }
     /* DP estimate: the stage's gradients over the slowest link to the next pipeline's peer. */
     if (D > 1) {
       for (int k = 0; k < p; k++) {
@@ -739,8 +790,7 @@ static double enumerate_shapes(enum_state *es, config *cf) {
         cf->n_pipes = D;
         if (ctx->training->global_batch % cf->micro_batch_size != 0)
           continue;
-        for (int u = 0; u < n_units; u++)
-          es->costs[u] = compute_unit_cost(ctx, &es->units[u], cf->micro_batch_size, D);
+        unit_costs(ctx, es->units, n_units, cf->micro_batch_size, D, es->costs);
         ff_candidate c;
         es->configs++;
         double s = build_candidate(ctx, cf, es->units, n_units, es->costs, &c);
@@ -988,7 +1038,7 @@ static void explain_infeasible(const ff_search_ctx *ctx, char *out, size_t cap) 
 void ff_search_opts_default(ff_search_opts *o) {
   memset(o, 0, sizeof *o);
   o->baseline = FF_BASELINE_NONE;
-  o->milp_node_budget = 2000;
+  o->milp_node_budget = 300;
   o->local_moves = 400;
   o->keep = 3;
 }

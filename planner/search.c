@@ -937,7 +937,8 @@ static bool try_move(ff_search_ctx *ctx, ff_candidate *best, ff_candidate *trial
 }
 
 /* Move a layer between neighbouring stages of a pipeline (and of every pipeline built the same
- * way), lower a stage's recompute, or move a micro-batch between pipelines; the first
+ * way), lower a stage's recompute, swap the units of two stages, or move a micro-batch between
+ * pipelines; the first
  * improvement is taken and the scan starts again. `best` changes on every improvement, so
  * nothing of it is held across a move. */
 static void refine_locally(ff_search_ctx *ctx, ff_candidate *best, int budget) {
@@ -975,6 +976,26 @@ restart:
         goto restart;
     }
   }
+  /* Swap the units of two stages (Kernighan–Lin style): another device or node for each. */
+  for (int j1 = 0; j1 < best->n_pipes && budget > 0; j1++)
+    for (int k1 = 0; k1 < best->pipes[j1].n_stages && budget > 0; k1++)
+      for (int j2 = j1; j2 < best->n_pipes && budget > 0; j2++)
+        for (int k2 = j2 == j1 ? k1 + 1 : 0; k2 < best->pipes[j2].n_stages && budget > 0; k2++) {
+          const ff_unit *u1 = &best->units[best->pipes[j1].stages[k1].unit];
+          const ff_unit *u2 = &best->units[best->pipes[j2].stages[k2].unit];
+          if (u1->device == u2->device && u1->tp == u2->tp &&
+              (u1->node == u2->node || ctx->cluster->nodes[u1->node].group ==
+                                           ctx->cluster->nodes[u2->node].group))
+            continue; /* the same kind of unit in the same place: nothing changes */
+          ff_candidate trial;
+          if (ff_candidate_copy(best, &trial) != FF_OK)
+            return;
+          int x = trial.pipes[j1].stages[k1].unit;
+          trial.pipes[j1].stages[k1].unit = trial.pipes[j2].stages[k2].unit;
+          trial.pipes[j2].stages[k2].unit = x;
+          if (try_move(ctx, best, &trial, &budget))
+            goto restart;
+        }
   for (int a = 0; a < best->n_pipes && budget > 0; a++)
     for (int b = 0; b < best->n_pipes && budget > 0; b++) {
       if (a == b || best->pipes[a].micro_batches <= 1)

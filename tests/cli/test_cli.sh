@@ -80,6 +80,32 @@ checks=$((checks + 1))
 cmp -s "$tmp/tiny.json" profiles/models/tiny.json || { echo "FAIL: fmt --in-place did not restore the canonical bytes"; failures=$((failures + 1)); }
 expect_status 0 "fmt --check of shipped files" "$ffplan" fmt --check profiles/*/*.json
 
+# simulate explains every shipped plan; --json has the documented keys.
+for plan in profiles/plans/*.json; do
+  expect_status 0 "simulate $plan" "$ffplan" simulate "$plan"
+  expect_grep "$tmp/out" "critical path" "simulate names the critical path of $plan"
+done
+expect_status 0 "simulate --json" "$ffplan" simulate --json profiles/plans/tiny-asym.json
+for key in iteration_seconds tokens_per_second mfu hfu model_flops_per_iteration; do
+  expect_grep "$tmp/out" "\"$key\"" "simulate --json has $key"
+done
+
+# plan: writes a valid plan atomically; bad input 2; nothing fits 3 without an output file.
+expect_status 0 "ffplan plan" "$ffplan" plan --cluster profiles/clusters/cpu-local.json \
+  --model profiles/models/tiny.json --training profiles/training/tiny.json -o "$tmp/planned.json"
+expect_grep "$tmp/err" "predicted" "ffplan plan prints a summary line"
+expect_status 0 "a planned plan validates" "$ffplan" validate "$tmp/planned.json"
+expect_status 0 "a planned plan is canonical" "$ffplan" fmt --check "$tmp/planned.json"
+expect_status 2 "ffplan plan without inputs" "$ffplan" plan --cluster profiles/clusters/cpu-local.json
+expect_status 2 "ffplan plan with a bad model" "$ffplan" plan --cluster profiles/clusters/cpu-local.json \
+  --model "$tmp/bad.json" --training profiles/training/tiny.json -o "$tmp/none.json"
+expect_status 3 "ffplan plan of a model that fits nowhere" "$ffplan" plan \
+  --cluster profiles/clusters/cpu-local.json --model profiles/models/llama-2-70b.json \
+  --training profiles/training/tiny.json -o "$tmp/none.json"
+expect_grep "$tmp/err" "model states need" "an infeasible plan says why"
+checks=$((checks + 1))
+[ -e "$tmp/none.json" ] && { echo "FAIL: a failed plan wrote output"; failures=$((failures + 1)); }
+
 # ffrun --dry-run: one line per rank, alone and under mpirun.
 expect_status 0 "ffrun --dry-run" "$ffrun" --dry-run profiles/plans/tiny-asym.json
 checks=$((checks + 1))

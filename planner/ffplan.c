@@ -6,8 +6,8 @@
  *   ffplan simulate PLAN        the cost model's account of a plan (--json for tools)
  *
  *   ffplan plan --cluster C --model M --training T [-o PLAN]   search for the best plan
- *
- * Subcommands that compare and draw plans join this table as they are built. */
+ *   ffplan show PLAN / check PLAN / diff A B                   review plans (cmd_show.c, cmd_diff.c)
+ */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +36,12 @@ static void usage(FILE *out) {
           "  fmt --in-place FILE...    rewrite files in canonical form\n"
           "  simulate PLAN [--json]    predicted time, memory, MFU per rank, stage and pipeline,\n"
           "                            and the critical path (exit 3 if memory overflows)\n"
+          "  show PLAN                 a compact table of the plan for people\n"
+          "  check PLAN [--cluster C] [--model M]\n"
+          "                            validate a (hand-edited) plan: structure, memory per rank,\n"
+          "                            and the given cluster and model (exit 2 on any problem)\n"
+          "  diff A B [--json]         what changed between two plans, in the plan's own words,\n"
+          "                            and its predicted effect (exit 0 same, 1 different)\n"
           "\n"
           "options:\n"
           "  -h, --help                show this help\n"
@@ -153,6 +159,12 @@ int main(int argc, char **argv) {
     return cmd_validate(argc - 2, argv + 2);
   if (strcmp(cmd, "fmt") == 0)
     return cmd_fmt(argc - 2, argv + 2);
+  if (strcmp(cmd, "show") == 0)
+    return ffplan_cmd_show(argc - 2, argv + 2);
+  if (strcmp(cmd, "check") == 0)
+    return ffplan_cmd_check(argc - 2, argv + 2);
+  if (strcmp(cmd, "diff") == 0)
+    return ffplan_cmd_diff(argc - 2, argv + 2);
   if (strcmp(cmd, "plan") == 0)
     return ffplan_cmd_plan(argc - 2, argv + 2);
   if (strcmp(cmd, "simulate") == 0)

@@ -1085,6 +1085,12 @@ static ff_status finish_plan(ff_search_ctx *ctx, const ff_candidate *best, const
   ff_plan_set_predicted(p, &e);
   ff_plan_eval_free(&e);
   p->has_search = true;
+  char name[2 * FF_NAME_MAX + 2];
+  snprintf(name, sizeof name, "%s-%s", ctx->cluster->name, ctx->model->name);
+  if (ff_name_valid(name) && strlen(name) <= FF_NAME_MAX) {
+    p->has_name = true;
+    snprintf(p->name, sizeof p->name, "%s", name);
+  }
   char planner[128];
   snprintf(planner, sizeof planner, "ffplan %s%s", FF_VERSION,
            ctx->opts.baseline == FF_BASELINE_UNIFORM     ? " --baseline uniform"

@@ -15,6 +15,14 @@
 /* ---- loading ---------------------------------------------------------------------------- */
 
 ff_status ff_read_file(const char *file, ff_diag *d, char **out, size_t *len) {
+  return ff_read_file_limit(file, d, out, len, FF_JSON_MAX_BYTES);
+}
+
+ff_status ff_read_file_any(const char *file, ff_diag *d, char **out, size_t *len) {
+  return ff_read_file_limit(file, d, out, len, (size_t)1 << 40);
+}
+
+ff_status ff_read_file_limit(const char *file, ff_diag *d, char **out, size_t *len, size_t max) {
   *out = NULL;
   *len = 0;
   FILE *f = fopen(file, "rb");
@@ -37,11 +45,11 @@ ff_status ff_read_file(const char *file, ff_diag *d, char **out, size_t *len) {
   }
   for (;;) {
     if (n + 1 >= cap) {
-      if (cap > FF_JSON_MAX_BYTES) {
+      if (cap > max) {
         free(buf);
         fclose(f);
-        ff_diag_error(d, NULL, "file is larger than %u MiB; inputs are limited to that size",
-                      FF_JSON_MAX_BYTES >> 20);
+        ff_diag_error(d, NULL, "file is larger than %zu MiB; inputs are limited to that size",
+                      max >> 20);
         return FF_ERR_INPUT;
       }
       char *grown = realloc(buf, cap * 2);
@@ -68,10 +76,10 @@ ff_status ff_read_file(const char *file, ff_diag *d, char **out, size_t *len) {
     }
   }
   fclose(f);
-  if (n > FF_JSON_MAX_BYTES) {
+  if (n > max) {
     free(buf);
-    ff_diag_error(d, NULL, "file is larger than %u MiB; inputs are limited to that size",
-                  FF_JSON_MAX_BYTES >> 20);
+    ff_diag_error(d, NULL, "file is larger than %zu MiB; inputs are limited to that size",
+                  max >> 20);
     return FF_ERR_INPUT;
   }
   buf[n] = '\0';

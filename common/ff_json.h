@@ -32,6 +32,9 @@ ff_status ff_json_parse(const char *text, size_t len, ff_diag *d, cJSON **out);
 ff_status ff_json_load(const char *file, ff_diag *d, cJSON **out);
 /* Read a whole file (at most FF_JSON_MAX_BYTES); *out is NUL-terminated, caller frees. */
 ff_status ff_read_file(const char *file, ff_diag *d, char **out, size_t *len);
+/* The same with another size limit, or none to speak of (checkpoints). */
+ff_status ff_read_file_limit(const char *file, ff_diag *d, char **out, size_t *len, size_t max);
+ff_status ff_read_file_any(const char *file, ff_diag *d, char **out, size_t *len);
 
 /* A numeric interval; *_open excludes the end point. */
 typedef struct ff_interval {

@@ -13,7 +13,9 @@
 
 #include "ff_format.h"
 #include "ff_gpu.h"
+#include "ff_kernels.h"
 #include "ff_version.h"
+#include "train.h"
 
 #define ROLE_LINE 256
 
@@ -22,17 +24,28 @@ static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
 
 static void usage(FILE *out) {
   fprintf(out,
-          "usage: ffrun --dry-run PLAN [--backend auto|cpu|cuda]\n"
+          "usage: ffrun PLAN (--data FILE | --text FILE) [options]   train a one-rank plan\n"
+          "       ffrun --dry-run PLAN                                 print each rank's role\n"
           "       mpirun -np N ffrun --dry-run PLAN\n"
           "\n"
           "Executes a plan written by ffplan: each MPI rank takes its pipeline stage and tensor\n"
-          "shard. This version prints each rank's role (--dry-run); training follows.\n"
+          "shard. This version trains plans of one rank on the CPU backend; plans of several\n"
+          "ranks can be inspected with --dry-run.\n"
           "\n"
           "options:\n"
-          "  --dry-run           print the role of each rank and the backend it would use\n"
-          "  --backend B         auto (GPU when one answers, else CPU), cpu, or cuda\n"
-          "  -h, --help          show this help\n"
-          "  --version           show the version\n"
+          "  --data FILE             llm.c token file (uint16 tokens after a 1024-byte header)\n"
+          "  --text FILE             plain text read as bytes (models with vocab >= 256)\n"
+          "  --steps N               train until step N (default: the plan's training.steps)\n"
+          "  --checkpoint-dir D      write checkpoints (safetensors) to D, at the end and ...\n"
+          "  --checkpoint-every K    ... every K steps\n"
+          "  --resume                continue from the newest checkpoint in D\n"
+          "  --metrics FILE          one JSON line per step\n"
+          "  --threads N             BLAS threads for this rank (default 1)\n"
+          "  --quiet                 no progress lines\n"
+          "  --dry-run               print the role of each rank and the backend it would use\n"
+          "  --backend B             auto (GPU when one answers, else CPU), cpu, or cuda\n"
+          "  -h, --help              show this help\n"
+          "  --version               show the version\n"
           "\n"
           "exit status: 0 ok, 1 runtime failure, 2 bad input or usage\n");
 }
@@ -162,52 +175,125 @@ static int dry_run(const ff_plan *plan, backend got, const char *note) {
   return 0;
 }
 
-int main(int argc, char **argv) {
-  bool dry = false;
-  const char *plan_file = NULL;
-  int want = BACKEND_AUTO;
+typedef struct cli {
+  bool dry;
+  const char *plan_file;
+  int backend;
+  int threads;
+  ff_train_opts train;
+} cli;
+
+static const char *value(int argc, char **argv, int *i) {
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "ffrun: %s needs a value\n", argv[*i]);
+    return NULL;
+  }
+  return argv[++*i];
+}
+
+/* 0 to go on, else the exit status (help and version exit 0 through *done). */
+static int parse(int argc, char **argv, cli *c, bool *done) {
+  memset(c, 0, sizeof *c);
+  c->threads = 1;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+    const char *a = argv[i], *v = NULL;
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       usage(stdout);
+      *done = true;
       return 0;
-    } else if (strcmp(argv[i], "--version") == 0) {
+    } else if (strcmp(a, "--version") == 0) {
       printf("ffrun %s (%s backend built)\n", FF_VERSION, ff_gpu_built() ? "cpu and cuda" : "cpu");
+      *done = true;
       return 0;
-    } else if (strcmp(argv[i], "--dry-run") == 0) {
-      dry = true;
-    } else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
-      const char *b = argv[++i];
-      want = -1;
-      for (int k = 0; backend_names[k]; k++)
-        if (strcmp(b, backend_names[k]) == 0)
-          want = k;
-      if (want < 0) {
-        fprintf(stderr, "ffrun: --backend \"%s\" is not one of: auto, cpu, cuda\n", b);
+    } else if (strcmp(a, "--dry-run") == 0) {
+      c->dry = true;
+    } else if (strcmp(a, "--resume") == 0) {
+      c->train.resume = true;
+    } else if (strcmp(a, "--quiet") == 0) {
+      c->train.quiet = true;
+    } else if (strcmp(a, "--backend") == 0 || strcmp(a, "--data") == 0 || strcmp(a, "--text") == 0 ||
+               strcmp(a, "--steps") == 0 || strcmp(a, "--checkpoint-dir") == 0 ||
+               strcmp(a, "--checkpoint-every") == 0 || strcmp(a, "--metrics") == 0 ||
+               strcmp(a, "--threads") == 0) {
+      if (!(v = value(argc, argv, &i)))
         return FF_ERR_INPUT;
+      if (strcmp(a, "--backend") == 0) {
+        c->backend = -1;
+        for (int k = 0; backend_names[k]; k++)
+          if (strcmp(v, backend_names[k]) == 0)
+            c->backend = k;
+        if (c->backend < 0) {
+          fprintf(stderr, "ffrun: --backend \"%s\" is not one of: auto, cpu, cuda\n", v);
+          return FF_ERR_INPUT;
+        }
+      } else if (strcmp(a, "--data") == 0 || strcmp(a, "--text") == 0) {
+        c->train.data_file = v;
+        c->train.text = strcmp(a, "--text") == 0;
+      } else if (strcmp(a, "--checkpoint-dir") == 0) {
+        c->train.checkpoint_dir = v;
+      } else if (strcmp(a, "--metrics") == 0) {
+        c->train.metrics_file = v;
+      } else {
+        char *end;
+        long long n = strtoll(v, &end, 10);
+        if (*end || n < (strcmp(a, "--checkpoint-every") == 0 ? 0 : 1) || n > 1000000000) {
+          fprintf(stderr, "ffrun: %s expects a positive integer, got \"%s\"\n", a, v);
+          return FF_ERR_INPUT;
+        }
+        if (strcmp(a, "--steps") == 0)
+          c->train.steps = n;
+        else if (strcmp(a, "--checkpoint-every") == 0)
+          c->train.checkpoint_every = n;
+        else
+          c->threads = (int)n;
       }
-    } else if (argv[i][0] == '-') {
-      fprintf(stderr, "ffrun: unknown option %s (see ffrun --help)\n", argv[i]);
+    } else if (a[0] == '-') {
+      fprintf(stderr, "ffrun: unknown option %s (see ffrun --help)\n", a);
       return FF_ERR_INPUT;
-    } else if (!plan_file) {
-      plan_file = argv[i];
+    } else if (!c->plan_file) {
+      c->plan_file = a;
     } else {
-      fprintf(stderr, "ffrun: expected one PLAN, got also %s\n", argv[i]);
+      fprintf(stderr, "ffrun: expected one PLAN, got also %s\n", a);
       return FF_ERR_INPUT;
     }
   }
-  if (!plan_file) {
+  if (!c->plan_file) {
     usage(stderr);
     return FF_ERR_INPUT;
   }
-  if (!dry) {
-    fprintf(stderr, "ffrun: this version does not train yet; use --dry-run to print each rank's "
-            "role\n");
+  if (!c->dry && !c->train.data_file) {
+    fprintf(stderr, "ffrun: training needs --data FILE or --text FILE (or use --dry-run)\n");
     return FF_ERR_INPUT;
   }
+  if ((c->train.resume || c->train.checkpoint_every) && !c->train.checkpoint_dir) {
+    fprintf(stderr, "ffrun: --resume and --checkpoint-every need --checkpoint-dir\n");
+    return FF_ERR_INPUT;
+  }
+  return 0;
+}
+
+static int train(const cli *c, const ff_plan *plan, backend got) {
+  if (plan->n_ranks != 1 || launched_by_mpi()) {
+    fprintf(stderr, "ffrun: %s has %lld ranks; this version trains one-rank plans only (the "
+            "distributed executor is not built yet); --dry-run shows the roles\n", c->plan_file,
+            (long long)plan->n_ranks);
+    return FF_ERR_INPUT;
+  }
+  if (got == BACKEND_CUDA)
+    fprintf(stderr, "ffrun: the CUDA compute backend is not built yet; training on the CPU\n");
+  return ff_train_one_rank(plan, ff_kernels_cpu(c->threads), &c->train);
+}
+
+int main(int argc, char **argv) {
+  cli c;
+  bool done = false;
+  int rc = parse(argc, argv, &c, &done);
+  if (rc != 0 || done)
+    return rc;
   ff_plan plan;
   ff_diag d;
-  ff_diag_init(&d, plan_file);
-  ff_status st = ff_load_plan(plan_file, &d, &plan);
+  ff_diag_init(&d, c.plan_file);
+  ff_status st = ff_load_plan(c.plan_file, &d, &plan);
   if (st != FF_OK) {
     ff_diag_print(&d, stderr);
     ff_diag_free(&d);
@@ -216,16 +302,19 @@ int main(int argc, char **argv) {
   ff_diag_free(&d);
   backend got;
   char note[512];
-  int rc;
-  if (!choose_backend((backend)want, &got, note, sizeof note)) {
+  if (!choose_backend((backend)c.backend, &got, note, sizeof note)) {
     fprintf(stderr, "ffrun: --backend cuda, but %s\n", note);
     rc = FF_ERR_RUNTIME;
+  } else if (!c.dry) {
+    if (c.backend == BACKEND_AUTO && got == BACKEND_CPU && !c.train.quiet)
+      fprintf(stderr, "ffrun: no GPU answers, using the CPU backend\n");
+    rc = train(&c, &plan, got);
   } else if (launched_by_mpi()) {
     MPI_Init(&argc, &argv);
     rc = dry_run_mpi(&plan, got, note);
     MPI_Finalize();
   } else {
-    if (want == BACKEND_AUTO && got == BACKEND_CPU)
+    if (c.backend == BACKEND_AUTO && got == BACKEND_CPU)
       fprintf(stderr, "ffrun: no GPU answers, using the CPU backend\n");
     rc = dry_run(&plan, got, note);
   }

@@ -1,0 +1,208 @@
+/* checkpoint.c — safetensors checkpoints of logical tensors; see checkpoint.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ff_json.h"
+
+static const char *const moment_prefix[3] = {"", "adam_m.", "adam_v."};
+
+static float *block_of(const ff_model_rank *mr, int which) {
+  return which == 0 ? mr->params : which == 1 ? mr->m : mr->v;
+}
+
+static void shape_json(cJSON *o, const ff_tensor *t) {
+  cJSON *shape = cJSON_AddArrayToObject(o, "shape");
+  cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->rows));
+  if (t->cols != 1)
+    cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->cols));
+}
+
+static cJSON *header_json(const ff_model_rank *mr, const ff_ckpt_meta *meta) {
+  cJSON *h = cJSON_CreateObject();
+  cJSON *md = cJSON_AddObjectToObject(h, "__metadata__");
+  char num[32];
+  cJSON_AddStringToObject(md, "format", "ff-checkpoint/1");
+  snprintf(num, sizeof num, "%" PRId64, meta->step);
+  cJSON_AddStringToObject(md, "step", num);
+  snprintf(num, sizeof num, "%" PRIu64, meta->seed);
+  cJSON_AddStringToObject(md, "seed", num);
+  cJSON_AddStringToObject(md, "model", meta->model_name);
+  cJSON_AddStringToObject(md, "model_digest", meta->model_digest);
+  int64_t offset = 0;
+  for (int which = 0; which < 3; which++)
+    for (int i = 0; i < mr->n_tensors; i++) {
+      const ff_tensor *t = &mr->tensors[i];
+      char name[64];
+      snprintf(name, sizeof name, "%s%s", moment_prefix[which], t->name);
+      cJSON *o = cJSON_AddObjectToObject(h, name);
+      cJSON_AddStringToObject(o, "dtype", "F32");
+      shape_json(o, t);
+      cJSON *off = cJSON_AddArrayToObject(o, "data_offsets");
+      cJSON_AddItemToArray(off, cJSON_CreateNumber((double)offset));
+      offset += t->rows * t->cols * 4;
+      cJSON_AddItemToArray(off, cJSON_CreateNumber((double)offset));
+    }
+  return h;
+}
+
+ff_status ff_checkpoint_save(const char *dir, const ff_model_rank *mr, const ff_ckpt_meta *meta,
+                             ff_diag *d, char *path_out, size_t cap) {
+  for (int i = 0; i < mr->n_tensors; i++)
+    if (mr->tensors[i].numel != mr->tensors[i].rows * mr->tensors[i].cols) {
+      ff_diag_error(d, NULL, "tensor %s is sharded on this rank; a sharded save needs the "
+                    "distributed executor", mr->tensors[i].name);
+      return FF_ERR_INPUT;
+    }
+  cJSON *h = header_json(mr, meta);
+  char *text = cJSON_PrintUnformatted(h);
+  cJSON_Delete(h);
+  if (!text)
+    return FF_ERR_RUNTIME;
+  size_t hlen = strlen(text), padded = (hlen + 7) / 8 * 8;
+  size_t data_bytes = (size_t)mr->n_params * 4 * 3;
+  size_t total = 8 + padded + data_bytes;
+  unsigned char *buf = malloc(total);
+  if (!buf) {
+    free(text);
+    ff_diag_error(d, NULL, "out of memory for a checkpoint of %zu bytes", total);
+    return FF_ERR_RUNTIME;
+  }
+  uint64_t len = padded;
+  for (int i = 0; i < 8; i++)
+    buf[i] = (unsigned char)(len >> (8 * i)); /* little-endian, as safetensors specifies */
+  memcpy(buf + 8, text, hlen);
+  memset(buf + 8 + hlen, ' ', padded - hlen);
+  free(text);
+  unsigned char *at = buf + 8 + padded;
+  for (int which = 0; which < 3; which++) {
+    mr->k->to_host(at, block_of(mr, which), (size_t)mr->n_params * 4);
+    at += (size_t)mr->n_params * 4;
+  }
+  snprintf(path_out, cap, "%s/step-%08" PRId64 ".safetensors", dir, meta->step);
+  ff_status st = ff_write_file_atomic(path_out, (const char *)buf, total, d);
+  free(buf);
+  return st;
+}
+
+ff_status ff_checkpoint_latest(const char *dir, char *path, size_t cap) {
+  DIR *dp = opendir(dir);
+  if (!dp)
+    return FF_ERR_INPUT;
+  long long best = -1;
+  struct dirent *e;
+  while ((e = readdir(dp))) {
+    long long step;
+    char tail[32];
+    if (sscanf(e->d_name, "step-%lld.%31s", &step, tail) == 2 && strcmp(tail, "safetensors") == 0 &&
+        step > best)
+      best = step;
+  }
+  closedir(dp);
+  if (best < 0)
+    return FF_ERR_INPUT;
+  snprintf(path, cap, "%s/step-%08lld.safetensors", dir, best);
+  return FF_OK;
+}
+
+static const char *meta_string(const cJSON *md, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(md, key);
+  return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* Copy this rank's slice of a logical (rows, cols) tensor from the file's bytes. */
+static void copy_slice(float *dst, const unsigned char *src, const ff_tensor *t) {
+  int64_t w = t->col_end - t->col_first;
+  for (int64_t r = t->row_first; r < t->row_end; r++)
+    memcpy(dst + (r - t->row_first) * w, src + ((size_t)r * (size_t)t->cols + (size_t)t->col_first) * 4,
+           (size_t)w * 4);
+}
+
+static ff_status load_tensors(const cJSON *h, const unsigned char *data, size_t data_len,
+                              ff_model_rank *mr, ff_diag *d) {
+  float *host = malloc((size_t)mr->n_params * sizeof *host);
+  if (!host)
+    return FF_ERR_RUNTIME;
+  for (int which = 0; which < 3; which++) {
+    for (int i = 0; i < mr->n_tensors; i++) {
+      const ff_tensor *t = &mr->tensors[i];
+      char name[64];
+      snprintf(name, sizeof name, "%s%s", moment_prefix[which], t->name);
+      const cJSON *o = cJSON_GetObjectItemCaseSensitive(h, name);
+      const cJSON *off = o ? cJSON_GetObjectItemCaseSensitive(o, "data_offsets") : NULL;
+      const cJSON *shape = o ? cJSON_GetObjectItemCaseSensitive(o, "shape") : NULL;
+      const cJSON *dtype = o ? cJSON_GetObjectItemCaseSensitive(o, "dtype") : NULL;
+      int64_t want_dims = t->cols == 1 ? 1 : 2;
+      bool ok = o && cJSON_GetArraySize(off) == 2 && cJSON_IsString(dtype) &&
+                strcmp(dtype->valuestring, "F32") == 0 && cJSON_GetArraySize(shape) == want_dims &&
+                cJSON_GetArrayItem(shape, 0)->valuedouble == (double)t->rows &&
+                (want_dims == 1 || cJSON_GetArrayItem(shape, 1)->valuedouble == (double)t->cols);
+      double a = ok ? cJSON_GetArrayItem(off, 0)->valuedouble : 0;
+      double b = ok ? cJSON_GetArrayItem(off, 1)->valuedouble : 0;
+      if (!ok || a < 0 || b > (double)data_len || b - a != (double)(t->rows * t->cols * 4)) {
+        ff_diag_error(d, name, "missing, or not an F32 tensor of shape [%lld, %lld] within the file",
+                      (long long)t->rows, (long long)t->cols);
+        free(host);
+        return FF_ERR_INPUT;
+      }
+      copy_slice(host + t->offset, data + (size_t)a, t);
+    }
+    mr->k->to_device(block_of(mr, which), host, (size_t)mr->n_params * sizeof *host);
+  }
+  free(host);
+  return FF_OK;
+}
+
+ff_status ff_checkpoint_load(const char *file, ff_model_rank *mr, const char *model_digest,
+                             ff_ckpt_meta *meta, ff_diag *d) {
+  char *buf;
+  size_t len;
+  const char *saved = d->file;
+  d->file = file;
+  ff_status st = ff_read_file_any(file, d, &buf, &len);
+  cJSON *h = NULL;
+  if (st == FF_OK && len < 8) {
+    ff_diag_error(d, NULL, "%zu bytes is too short for a safetensors file", len);
+    st = FF_ERR_INPUT;
+  }
+  uint64_t hlen = 0;
+  for (int i = 0; st == FF_OK && i < 8; i++)
+    hlen |= (uint64_t)(unsigned char)buf[i] << (8 * i);
+  if (st == FF_OK && (hlen > len - 8 || !(h = cJSON_ParseWithLength(buf + 8, (size_t)hlen)))) {
+    ff_diag_error(d, NULL, "byte 8: the safetensors header (%llu bytes) is not readable JSON",
+                  (unsigned long long)hlen);
+    st = FF_ERR_INPUT;
+  }
+  const cJSON *md = h ? cJSON_GetObjectItemCaseSensitive(h, "__metadata__") : NULL;
+  const char *fmt = md ? meta_string(md, "format") : NULL;
+  const char *digest = md ? meta_string(md, "model_digest") : NULL;
+  if (st == FF_OK && (!fmt || strcmp(fmt, "ff-checkpoint/1") != 0)) {
+    ff_diag_error(d, "__metadata__.format", "expected \"ff-checkpoint/1\"");
+    st = FF_ERR_INPUT;
+  } else if (st == FF_OK && (!digest || strcmp(digest, model_digest) != 0)) {
+    ff_diag_error(d, "__metadata__.model_digest", "this checkpoint is of model \"%s\" (%s); the "
+                  "plan trains another model (%s)", meta_string(md, "model") ? meta_string(md, "model") : "?",
+                  digest ? digest : "none", model_digest);
+    st = FF_ERR_INPUT;
+  }
+  if (st == FF_OK) {
+    memset(meta, 0, sizeof *meta);
+    const char *step = meta_string(md, "step"), *seed = meta_string(md, "seed");
+    meta->step = step ? strtoll(step, NULL, 10) : 0;
+    meta->seed = seed ? strtoull(seed, NULL, 10) : 0;
+    snprintf(meta->model_name, sizeof meta->model_name, "%s", meta_string(md, "model") ? meta_string(md, "model") : "");
+    snprintf(meta->model_digest, sizeof meta->model_digest, "%s", digest);
+    st = load_tensors(h, (const unsigned char *)buf + 8 + hlen, len - 8 - (size_t)hlen, mr, d);
+  }
+  cJSON_Delete(h);
+  free(buf);
+  d->file = saved;
+  return st;
+}

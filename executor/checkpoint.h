@@ -1,0 +1,33 @@
+/* checkpoint.h — checkpoints of logical (unsharded) tensors in the safetensors format: every
+ * parameter by its logical name, its two AdamW moments as "adam_m.NAME" and "adam_v.NAME", and
+ * metadata (format "ff-checkpoint/1", step, seed, model name and digest). Written atomically
+ * (temporary file, fsync, rename): a failed save leaves the previous checkpoint as it was.
+ * Loading copies each rank's slice of the logical tensors, so a checkpoint resumes under any
+ * sharding of the same model. */
+#ifndef FF_EXEC_CHECKPOINT_H
+#define FF_EXEC_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "ff_diag.h"
+#include "model.h"
+
+typedef struct ff_ckpt_meta {
+  int64_t step;          /* optimizer steps taken */
+  uint64_t seed;
+  char model_name[65];
+  char model_digest[32]; /* ff_digest_json of the model */
+} ff_ckpt_meta;
+
+/* Save to DIR/step-NNNNNNNN.safetensors; the path written goes to path_out. This rank must hold
+ * every tensor whole (the one-rank case). */
+ff_status ff_checkpoint_save(const char *dir, const ff_model_rank *mr, const ff_ckpt_meta *meta,
+                             ff_diag *d, char *path_out, size_t cap);
+/* The newest checkpoint in dir (by step); FF_ERR_INPUT when there is none. */
+ff_status ff_checkpoint_latest(const char *dir, char *path, size_t cap);
+/* Load this rank's slices of parameters and moments; meta receives the file's metadata. A
+ * checkpoint of another model (digest) or with a missing or misshapen tensor is refused. */
+ff_status ff_checkpoint_load(const char *file, ff_model_rank *mr, const char *model_digest,
+                             ff_ckpt_meta *meta, ff_diag *d);
+
+#endif

@@ -1,0 +1,384 @@
+/* model.c — the Llama decoder over one rank's layers and shard: the tensor table, initial
+ * weights from a counter-based generator, and forward/backward of one micro-batch.
+ *
+ * Forward of a layer, with N = b·S tokens and this rank's Hl heads, Kl kv heads, Fl FFN columns:
+ *   h1 = rmsnorm(x_in) ; q,k,v = h1·Wq,k,vᵀ ; rope(q,k) ; att = attention(q,k,v)
+ *   x_mid = x_in + att·Woᵀ ; h2 = rmsnorm(x_mid) ; act = silu(h2·Wgᵀ) ∘ (h2·Wuᵀ)
+ *   x_out = x_mid + act·Wdᵀ
+ * and the backward pass walks the same list in reverse. Where a tensor-parallel group would
+ * all-reduce (after the row-parallel Wo and Wd, and the input gradients of the column-parallel
+ * matmuls) this one-rank code holds the whole sums already. */
+#define _POSIX_C_SOURCE 200809L
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- counter-based initial weights ------------------------------------------------------ */
+
+static uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+double ff_init_normal(uint64_t seed, const char *name, int64_t index) {
+  uint64_t key = splitmix64(seed) ^ ff_fnv1a64(name, strlen(name));
+  uint64_t a = splitmix64(key ^ splitmix64((uint64_t)index * 2u));
+  uint64_t b = splitmix64(key ^ splitmix64((uint64_t)index * 2u + 1u));
+  double u1 = ((double)(a >> 11) + 0.5) / 9007199254740992.0; /* (0, 1) */
+  double u2 = (double)(b >> 11) / 9007199254740992.0;
+  return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+/* ---- the tensor table ------------------------------------------------------------------- */
+
+typedef struct table_builder {
+  ff_tensor *t;
+  int n, cap;
+  int64_t offset;
+} table_builder;
+
+static void add_tensor(table_builder *tb, const char *name, int64_t rows, int64_t cols,
+                       int64_t r0, int64_t r1, int64_t c0, int64_t c1, float std, bool replicated) {
+  if (tb->n == tb->cap)
+    return;
+  ff_tensor *t = &tb->t[tb->n++];
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->rows = rows;
+  t->cols = cols;
+  t->row_first = r0;
+  t->row_end = r1;
+  t->col_first = c0;
+  t->col_end = c1;
+  t->numel = (r1 - r0) * (c1 - c0);
+  t->offset = tb->offset;
+  tb->offset += t->numel;
+  t->init_std = std;
+  t->decay = std > 0;
+  t->replicated = replicated;
+}
+
+static void build_layer_tensors(table_builder *tb, const ff_model *m, const ff_shard_spec *s,
+                                int64_t layer) {
+  int64_t C = m->hidden, D = m->hidden / m->heads, H = m->heads, K = m->kv_heads, F = m->ffn_hidden;
+  float std = 0.02f, out_std = 0.02f / sqrtf(2.0f * (float)m->layers);
+  char name[48];
+#define T(suffix) (snprintf(name, sizeof name, "layers.%lld." suffix, (long long)layer), name)
+  add_tensor(tb, T("attn_norm"), C, 1, 0, C, 0, 1, 0, true);
+  add_tensor(tb, T("wq"), H * D, C, s->heads.first * D, s->heads.end * D, 0, C, std, false);
+  add_tensor(tb, T("wk"), K * D, C, s->kv_heads.first * D, s->kv_heads.end * D, 0, C, std, false);
+  add_tensor(tb, T("wv"), K * D, C, s->kv_heads.first * D, s->kv_heads.end * D, 0, C, std, false);
+  add_tensor(tb, T("wo"), C, H * D, 0, C, s->heads.first * D, s->heads.end * D, out_std, false);
+  add_tensor(tb, T("mlp_norm"), C, 1, 0, C, 0, 1, 0, true);
+  add_tensor(tb, T("w_gate"), F, C, s->ffn.first, s->ffn.end, 0, C, std, false);
+  add_tensor(tb, T("w_up"), F, C, s->ffn.first, s->ffn.end, 0, C, std, false);
+  add_tensor(tb, T("w_down"), C, F, 0, C, s->ffn.first, s->ffn.end, out_std, false);
+#undef T
+}
+
+#define TENSORS_PER_LAYER 9
+
+static ff_status build_table(ff_model_rank *mr) {
+  const ff_model *m = mr->model;
+  const ff_shard_spec *s = &mr->spec;
+  int cap = (int)mr->n_layers * TENSORS_PER_LAYER + 3;
+  table_builder tb = {calloc((size_t)cap, sizeof(ff_tensor)), 0, cap, 0};
+  if (!tb.t)
+    return FF_ERR_RUNTIME;
+  int64_t C = m->hidden, V = m->vocab;
+  if (s->embedding)
+    add_tensor(&tb, "embed", V, C, s->vocab.first, s->vocab.end, 0, C, 0.02f, false);
+  for (int64_t l = s->layer_first; l < s->layer_end; l++)
+    build_layer_tensors(&tb, m, s, l);
+  if (s->lm_head) {
+    add_tensor(&tb, "final_norm", C, 1, 0, C, 0, 1, 0, true);
+    if (!m->tied_embeddings)
+      add_tensor(&tb, "lm_head", V, C, s->vocab.first, s->vocab.end, 0, C, 0.02f, false);
+  }
+  mr->tensors = tb.t;
+  mr->n_tensors = tb.n;
+  mr->n_params = tb.offset;
+  return FF_OK;
+}
+
+const ff_tensor *ff_model_rank_find(const ff_model_rank *mr, const char *name) {
+  for (int i = 0; i < mr->n_tensors; i++)
+    if (strcmp(mr->tensors[i].name, name) == 0)
+      return &mr->tensors[i];
+  return NULL;
+}
+
+void ff_model_rank_init_weights(ff_model_rank *mr, uint64_t seed) {
+  float *host = malloc((size_t)mr->n_params * sizeof *host);
+  if (!host)
+    return;
+  for (int i = 0; i < mr->n_tensors; i++) {
+    const ff_tensor *t = &mr->tensors[i];
+    float *p = host + t->offset;
+    int64_t w = t->col_end - t->col_first;
+    for (int64_t r = t->row_first; r < t->row_end; r++)
+      for (int64_t c = t->col_first; c < t->col_end; c++) {
+        int64_t local = (r - t->row_first) * w + (c - t->col_first);
+        p[local] = t->init_std == 0
+                       ? 1.0f
+                       : (float)(t->init_std * ff_init_normal(seed, t->name, r * t->cols + c));
+      }
+  }
+  mr->k->to_device(mr->params, host, (size_t)mr->n_params * sizeof *host);
+  free(host);
+}
+
+/* ---- allocation ------------------------------------------------------------------------- */
+
+typedef struct dims {
+  int64_t N, C, D, Hl, Kl, Fl, Vl;
+} dims;
+
+static dims model_dims(const ff_model_rank *mr, int64_t tokens) {
+  const ff_shard_spec *s = &mr->spec;
+  dims d = {tokens, mr->model->hidden, mr->model->hidden / mr->model->heads,
+            s->heads.end - s->heads.first, s->kv_heads.end - s->kv_heads.first,
+            s->ffn.end - s->ffn.first, s->vocab.end - s->vocab.first};
+  return d;
+}
+
+static int64_t layer_acts_floats(dims d) {
+  return d.N * d.C * 4 + d.N * 2 + d.N * d.Hl * d.D * 2 + d.N * d.Kl * d.D * 2 + d.N * d.Hl +
+         d.N * d.Fl * 3;
+}
+
+static float *carve(float **at, int64_t n) {
+  float *p = *at;
+  *at += n;
+  return p;
+}
+
+static void carve_layer(ff_layer_acts *a, float **at, dims d) {
+  a->x_in = carve(at, d.N * d.C);
+  a->h1 = carve(at, d.N * d.C);
+  a->rstd1 = carve(at, d.N);
+  a->q = carve(at, d.N * d.Hl * d.D);
+  a->k = carve(at, d.N * d.Kl * d.D);
+  a->v = carve(at, d.N * d.Kl * d.D);
+  a->att = carve(at, d.N * d.Hl * d.D);
+  a->lse = carve(at, d.N * d.Hl);
+  a->x_mid = carve(at, d.N * d.C);
+  a->h2 = carve(at, d.N * d.C);
+  a->rstd2 = carve(at, d.N);
+  a->gate = carve(at, d.N * d.Fl);
+  a->up = carve(at, d.N * d.Fl);
+  a->act = carve(at, d.N * d.Fl);
+}
+
+ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
+                             const ff_shard_spec *spec, int64_t micro_batch) {
+  memset(mr, 0, sizeof *mr);
+  mr->model = model;
+  mr->k = k;
+  mr->spec = *spec;
+  mr->n_layers = spec->layer_end - spec->layer_first;
+  mr->tokens = micro_batch * model->seq_len;
+  if (model->tied_embeddings && spec->lm_head && !spec->embedding)
+    return FF_ERR_INPUT; /* the caller explains: tied embeddings across stages */
+  if (build_table(mr) != FF_OK)
+    return FF_ERR_RUNTIME;
+  size_t pbytes = (size_t)mr->n_params * sizeof(float);
+  mr->params = k->alloc(pbytes);
+  mr->grads = k->alloc(pbytes);
+  mr->m = k->alloc(pbytes);
+  mr->v = k->alloc(pbytes);
+  dims d = model_dims(mr, mr->tokens);
+  int64_t widest = d.C;
+  int64_t cand[] = {d.Hl * d.D, d.Fl, d.Vl};
+  for (int i = 0; i < 3; i++)
+    if (cand[i] > widest)
+      widest = cand[i];
+  int64_t total = mr->n_layers * layer_acts_floats(d) + d.N * d.C * 2 + d.N * 4 + d.N * d.Vl +
+                  d.N * widest * 8;
+  mr->acts_block = k->alloc((size_t)total * sizeof(float));
+  mr->acts = calloc((size_t)(mr->n_layers ? mr->n_layers : 1), sizeof *mr->acts);
+  mr->inputs = malloc((size_t)d.N * sizeof *mr->inputs);
+  mr->targets = malloc((size_t)d.N * sizeof *mr->targets);
+  if (!mr->params || !mr->grads || !mr->m || !mr->v || !mr->acts_block || !mr->acts ||
+      !mr->inputs || !mr->targets) {
+    ff_model_rank_free(mr);
+    return FF_ERR_RUNTIME;
+  }
+  float *at = mr->acts_block;
+  for (int64_t l = 0; l < mr->n_layers; l++)
+    carve_layer(&mr->acts[l], &at, d);
+  mr->x_final = carve(&at, d.N * d.C);
+  mr->h_final = carve(&at, d.N * d.C);
+  mr->rstd_final = carve(&at, d.N);
+  mr->row_max = carve(&at, d.N);
+  mr->row_sum = carve(&at, d.N);
+  mr->loss = carve(&at, d.N);
+  mr->logits = carve(&at, d.N * d.Vl);
+  mr->scratch_a = carve(&at, d.N * widest * 4);
+  mr->scratch_b = carve(&at, d.N * widest * 2);
+  mr->scratch_c = carve(&at, d.N * widest * 2);
+  return FF_OK;
+}
+
+void ff_model_rank_free(ff_model_rank *mr) {
+  if (mr->k) {
+    mr->k->release(mr->params);
+    mr->k->release(mr->grads);
+    mr->k->release(mr->m);
+    mr->k->release(mr->v);
+    mr->k->release(mr->acts_block);
+  }
+  free(mr->acts);
+  free(mr->tensors);
+  free(mr->inputs);
+  free(mr->targets);
+  memset(mr, 0, sizeof *mr);
+}
+
+/* ---- forward and backward --------------------------------------------------------------- */
+
+typedef struct layer_params {
+  float *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *w_gate, *w_up, *w_down;
+} layer_params;
+
+/* The nine tensors of local layer l, in table order, within `base` (params or grads). */
+static layer_params layer_at(const ff_model_rank *mr, int64_t l, float *base) {
+  int first = (mr->spec.embedding ? 1 : 0) + (int)l * TENSORS_PER_LAYER;
+  const ff_tensor *t = &mr->tensors[first];
+  layer_params p = {base + t[0].offset, base + t[1].offset, base + t[2].offset,
+                    base + t[3].offset, base + t[4].offset, base + t[5].offset,
+                    base + t[6].offset, base + t[7].offset, base + t[8].offset};
+  return p;
+}
+
+static float *tensor_at(const ff_model_rank *mr, const char *name, float *base) {
+  const ff_tensor *t = ff_model_rank_find(mr, name);
+  return t ? base + t->offset : NULL;
+}
+
+static void forward_layer(ff_model_rank *mr, int64_t l, int64_t b, float *x_out) {
+  const ff_kernels *k = mr->k;
+  const ff_model *m = mr->model;
+  dims d = model_dims(mr, b * m->seq_len);
+  int B = (int)b, S = (int)m->seq_len, N = (int)d.N, C = (int)d.C, D = (int)d.D;
+  int Hl = (int)d.Hl, Kl = (int)d.Kl, Fl = (int)d.Fl;
+  ff_layer_acts *a = &mr->acts[l];
+  layer_params w = layer_at(mr, l, mr->params);
+  float *tmp = mr->scratch_a;
+  k->rmsnorm_fwd(a->h1, a->rstd1, a->x_in, w.attn_norm, N, C, (float)m->norm_eps);
+  k->matmul_fwd(a->q, a->h1, w.wq, N, C, Hl * D);
+  k->matmul_fwd(a->k, a->h1, w.wk, N, C, Kl * D);
+  k->matmul_fwd(a->v, a->h1, w.wv, N, C, Kl * D);
+  k->rope_fwd(a->q, B, S, Hl, D, (float)m->rope_theta);
+  k->rope_fwd(a->k, B, S, Kl, D, (float)m->rope_theta);
+  k->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, S, Hl, Kl, D, (int)mr->spec.heads.first,
+                   (int)mr->spec.kv_heads.first, (int)(m->heads / m->kv_heads));
+  k->matmul_fwd(tmp, a->att, w.wo, N, Hl * D, C); /* TP: all-reduce tmp */
+  k->add(a->x_mid, a->x_in, tmp, (int64_t)N * C);
+  k->rmsnorm_fwd(a->h2, a->rstd2, a->x_mid, w.mlp_norm, N, C, (float)m->norm_eps);
+  k->matmul_fwd(a->gate, a->h2, w.w_gate, N, C, Fl);
+  k->matmul_fwd(a->up, a->h2, w.w_up, N, C, Fl);
+  k->swiglu_fwd(a->act, a->gate, a->up, (int64_t)N * Fl);
+  k->matmul_fwd(tmp, a->act, w.w_down, N, Fl, C); /* TP: all-reduce tmp */
+  k->add(x_out, a->x_mid, tmp, (int64_t)N * C);
+}
+
+/* dx: in, the gradient of the layer's output; out, of its input. */
+static void backward_layer(ff_model_rank *mr, int64_t l, int64_t b, float *dx) {
+  const ff_kernels *k = mr->k;
+  const ff_model *m = mr->model;
+  dims d = model_dims(mr, b * m->seq_len);
+  int B = (int)b, S = (int)m->seq_len, N = (int)d.N, C = (int)d.C, D = (int)d.D;
+  int Hl = (int)d.Hl, Kl = (int)d.Kl, Fl = (int)d.Fl;
+  int64_t NC = (int64_t)N * C;
+  ff_layer_acts *a = &mr->acts[l];
+  layer_params w = layer_at(mr, l, mr->params), g = layer_at(mr, l, mr->grads);
+  float *dh = mr->scratch_b, *t = mr->scratch_c;
+  float *d1 = mr->scratch_a, *d2 = d1 + (int64_t)N * (Fl > Hl * D ? Fl : Hl * D),
+        *d3 = d2 + (int64_t)N * (Fl > Hl * D ? Fl : Hl * D);
+  /* x_out = x_mid + act·Wdᵀ: dx flows to x_mid unchanged (dx now holds d x_mid's first part) */
+  k->matmul_bwd(d1, g.w_down, dx, a->act, w.w_down, N, Fl, C);      /* d1 = d act */
+  k->swiglu_bwd(d2, d3, d1, a->gate, a->up, (int64_t)N * Fl);       /* d2 = d gate, d3 = d up */
+  k->matmul_bwd(dh, g.w_gate, d2, a->h2, w.w_gate, N, C, Fl);
+  k->matmul_bwd(t, g.w_up, d3, a->h2, w.w_up, N, C, Fl);
+  k->accumulate(dh, t, NC);                                         /* TP: all-reduce dh */
+  k->rmsnorm_bwd(t, g.mlp_norm, dh, a->x_mid, w.mlp_norm, a->rstd2, N, C);
+  k->accumulate(dx, t, NC);                                         /* dx = d x_mid */
+  /* x_mid = x_in + att·Woᵀ */
+  int64_t nq = (int64_t)N * Hl * D, nk = (int64_t)N * Kl * D;
+  float *datt = d1, *dq = d1 + nq, *dk = dq + nq, *dv = dk + nk;
+  k->matmul_bwd(datt, g.wo, dx, a->att, w.wo, N, Hl * D, C);
+  k->attention_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, S, Hl, Kl, D,
+                   (int)mr->spec.heads.first, (int)mr->spec.kv_heads.first,
+                   (int)(m->heads / m->kv_heads));
+  k->rope_bwd(dq, B, S, Hl, D, (float)m->rope_theta);
+  k->rope_bwd(dk, B, S, Kl, D, (float)m->rope_theta);
+  k->matmul_bwd(dh, g.wq, dq, a->h1, w.wq, N, C, Hl * D);
+  k->matmul_bwd(t, g.wk, dk, a->h1, w.wk, N, C, Kl * D);
+  k->accumulate(dh, t, NC);
+  k->matmul_bwd(t, g.wv, dv, a->h1, w.wv, N, C, Kl * D);
+  k->accumulate(dh, t, NC);                                         /* TP: all-reduce dh */
+  k->rmsnorm_bwd(t, g.attn_norm, dh, a->x_in, w.attn_norm, a->rstd1, N, C);
+  k->accumulate(dx, t, NC);                                         /* dx = d x_in */
+}
+
+/* Final norm, LM head and loss; leaves d x_final in dx. */
+static void head_forward_backward(ff_model_rank *mr, int64_t b, float grad_scale, float *dx,
+                                  double *loss_sum) {
+  const ff_kernels *k = mr->k;
+  const ff_model *m = mr->model;
+  dims d = model_dims(mr, b * m->seq_len);
+  int N = (int)d.N, C = (int)d.C, V = (int)d.Vl;
+  float *norm_w = tensor_at(mr, "final_norm", mr->params);
+  float *norm_g = tensor_at(mr, "final_norm", mr->grads);
+  const char *head = m->tied_embeddings ? "embed" : "lm_head";
+  float *head_w = tensor_at(mr, head, mr->params), *head_g = tensor_at(mr, head, mr->grads);
+  k->rmsnorm_fwd(mr->h_final, mr->rstd_final, mr->x_final, norm_w, N, C, (float)m->norm_eps);
+  k->matmul_fwd(mr->logits, mr->h_final, head_w, N, C, V);
+  k->ce_row_max(mr->row_max, mr->logits, N, V);         /* TP: all-reduce max */
+  k->ce_row_sum(mr->row_sum, mr->logits, mr->row_max, N, V); /* TP: all-reduce sum */
+  k->zero(mr->loss, (size_t)N * sizeof(float));
+  k->ce_loss_grad(mr->loss, mr->logits, mr->logits, mr->targets, mr->row_max, mr->row_sum, N, V,
+                  (int)mr->spec.vocab.first, grad_scale);
+  float *host_loss = malloc((size_t)N * sizeof *host_loss);
+  if (host_loss) {
+    k->to_host(host_loss, mr->loss, (size_t)N * sizeof *host_loss);
+    for (int i = 0; i < N; i++)
+      *loss_sum += host_loss[i];
+    free(host_loss);
+  }
+  float *dh = mr->scratch_b;
+  k->matmul_bwd(dh, head_g, mr->logits, mr->h_final, head_w, N, C, V); /* TP: all-reduce dh */
+  k->rmsnorm_bwd(dx, norm_g, dh, mr->x_final, norm_w, mr->rstd_final, N, C);
+}
+
+ff_status ff_model_rank_step_micro_batch(ff_model_rank *mr, const int32_t *inputs,
+                                         const int32_t *targets, int64_t b, float grad_scale,
+                                         double *loss_sum) {
+  const ff_kernels *k = mr->k;
+  if (!mr->spec.embedding || !mr->spec.lm_head)
+    return FF_ERR_INPUT; /* a partial stage runs under the distributed executor */
+  int64_t N = b * mr->model->seq_len, C = mr->model->hidden;
+  if (N > mr->tokens)
+    return FF_ERR_INPUT;
+  memcpy(mr->inputs, inputs, (size_t)N * sizeof *inputs);
+  memcpy(mr->targets, targets, (size_t)N * sizeof *targets);
+  float *embed_w = tensor_at(mr, "embed", mr->params), *embed_g = tensor_at(mr, "embed", mr->grads);
+  float *x0 = mr->n_layers ? mr->acts[0].x_in : mr->x_final;
+  k->embedding_fwd(x0, mr->inputs, embed_w, (int)N, (int)C, (int)mr->spec.vocab.first,
+                   (int)mr->spec.vocab.end);
+  for (int64_t l = 0; l < mr->n_layers; l++)
+    forward_layer(mr, l, b, l + 1 < mr->n_layers ? mr->acts[l + 1].x_in : mr->x_final);
+  float *dx = mr->scratch_b + N * C; /* a separate region of scratch_b's second half */
+  head_forward_backward(mr, b, grad_scale, dx, loss_sum);
+  for (int64_t l = mr->n_layers - 1; l >= 0; l--)
+    backward_layer(mr, l, b, dx);
+  k->embedding_bwd(embed_g, dx, mr->inputs, (int)N, (int)C, (int)mr->spec.vocab.first,
+                   (int)mr->spec.vocab.end);
+  return FF_OK;
+}

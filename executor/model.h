@@ -1,0 +1,79 @@
+/* model.h — one rank's part of the Llama decoder: a range of layers, the embedding and/or the LM
+ * head when its stage holds them, and this rank's shard of heads, kv heads, FFN columns and
+ * vocabulary rows. The same code runs a whole model on one rank (every range full) and any
+ * shard of it under a plan.
+ *
+ * Parameters, gradients and the two AdamW moments live in one allocation each (llm.c style),
+ * with a table of named tensors pointing into them; every tensor knows which slice of the
+ * logical (unsharded) tensor it holds, so initial weights and checkpoints are defined on the
+ * logical tensors and do not depend on the sharding. */
+#ifndef FF_EXEC_MODEL_H
+#define FF_EXEC_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ff_format.h"
+#include "ff_kernels.h"
+
+/* How this rank's copy of a tensor relates to the logical tensor (rows, cols): it holds rows
+ * [row_first, row_end) and columns [col_first, col_end). */
+typedef struct ff_tensor {
+  char name[48];          /* logical name, e.g. "layers.3.wq" */
+  int64_t rows, cols;     /* logical shape (a vector has cols = 1) */
+  int64_t row_first, row_end, col_first, col_end;
+  int64_t offset;         /* into the parameter block, in floats */
+  int64_t numel;          /* local elements */
+  bool decay;             /* AdamW weight decay applies (matrices, not norms) */
+  bool replicated;        /* held whole by every rank of the TP group (norm weights) */
+  float init_std;         /* 0: initialised to ones (norm weights) */
+} ff_tensor;
+
+typedef struct ff_shard_spec {
+  int64_t layer_first, layer_end;
+  bool embedding, lm_head;
+  ff_span heads, kv_heads, ffn, vocab; /* vocab only when embedding or lm_head */
+} ff_shard_spec;
+
+/* Per-layer activations of one micro-batch, saved by forward for backward. */
+typedef struct ff_layer_acts {
+  float *x_in, *h1, *rstd1, *q, *k, *v, *att, *lse, *x_mid, *h2, *rstd2, *gate, *up, *act;
+} ff_layer_acts;
+
+typedef struct ff_model_rank {
+  const ff_model *model;
+  const ff_kernels *k;
+  ff_shard_spec spec;
+  int64_t n_layers;       /* layer_end - layer_first */
+  ff_tensor *tensors;
+  int n_tensors;
+  int64_t n_params;       /* local floats */
+  float *params, *grads, *m, *v;
+  /* activations for one micro-batch of up to `tokens` tokens */
+  int64_t tokens;
+  ff_layer_acts *acts;
+  float *acts_block;
+  float *x_final, *h_final, *rstd_final, *logits, *row_max, *row_sum, *loss;
+  float *scratch_a, *scratch_b, *scratch_c; /* backward temporaries */
+  int32_t *inputs, *targets;
+} ff_model_rank;
+
+/* Build the tensor table and allocate for micro-batches of `micro_batch` sequences. */
+ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
+                             const ff_shard_spec *spec, int64_t micro_batch);
+void ff_model_rank_free(ff_model_rank *mr);
+/* Initial weights from (seed, tensor name, element index in the logical tensor) alone. */
+void ff_model_rank_init_weights(ff_model_rank *mr, uint64_t seed);
+const ff_tensor *ff_model_rank_find(const ff_model_rank *mr, const char *name);
+
+/* One micro-batch of b sequences on a whole model (embedding through loss) on one rank:
+ * forward, then backward accumulating gradients. Token losses are summed into *loss_sum;
+ * gradients are scaled by `grad_scale` (1 / tokens of the global batch). */
+ff_status ff_model_rank_step_micro_batch(ff_model_rank *mr, const int32_t *inputs,
+                                         const int32_t *targets, int64_t b, float grad_scale,
+                                         double *loss_sum);
+
+/* The counter-based generator behind initial weights: a standard normal for (seed, name, i). */
+double ff_init_normal(uint64_t seed, const char *name, int64_t index);
+
+#endif

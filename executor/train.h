@@ -1,0 +1,29 @@
+/* train.h — the training loop of a one-rank plan: micro-batches of the plan's pipeline, loss
+ * normalised by the tokens of the global batch, gradient accumulation, global gradient-norm
+ * clipping, AdamW with warm-up and decay, metrics and checkpoints. */
+#ifndef FF_EXEC_TRAIN_H
+#define FF_EXEC_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ff_format.h"
+#include "ff_kernels.h"
+
+typedef struct ff_train_opts {
+  const char *data_file; /* NULL: the model must have vocab >= 256 and text_file is required */
+  bool text;             /* data_file is plain text read as bytes */
+  int64_t steps;         /* train until this many steps are done; 0: the training settings' */
+  const char *checkpoint_dir;
+  int64_t checkpoint_every; /* 0: only at the end (when a directory is given) */
+  bool resume;
+  const char *metrics_file;
+  bool quiet;
+} ff_train_opts;
+
+/* Learning rate at step t (1-based) from the training settings. */
+double ff_learning_rate(const ff_training *t, int64_t step, int64_t total_steps);
+
+ff_status ff_train_one_rank(const ff_plan *plan, const ff_kernels *k, const ff_train_opts *o);
+
+#endif

@@ -1,0 +1,455 @@
+/* ff_kernels_cpu.c — the CPU backend of ff_kernels.h: fp32 throughout, matmuls through OpenBLAS
+ * (cblas_sgemm), everything else plain C loops over contiguous rows, written so the compiler can
+ * vectorise them (restrict pointers, reductions split into CPU_LANES partial sums).
+ *
+ * Deterministic by construction: no threads in these loops and every reduction runs in a fixed
+ * order, so the same inputs give the same bits (OpenBLAS splits sgemm over output blocks, not
+ * over the reduction, so its threads do not change the bits either).
+ *
+ * Nothing here allocates except `alloc`: attention keeps a small fixed tile of scores on the
+ * stack and combines tiles with an online softmax, so memory does not grow with S².
+ * Pointers marked restrict must not alias; the header allows only add's out == a and
+ * ce_loss_grad's dlogits == logits, and those two are written without restrict. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ff_kernels.h"
+
+/* Declared here too: the netlib cblas.h lacks it, OpenBLAS's declares the same prototype. */
+void openblas_set_num_threads(int num_threads);
+
+enum {
+  CPU_ALIGN = 64,   /* bytes: a cache line, and an AVX-512 register */
+  CPU_LANES = 8,    /* partial sums per reduction: the compiler maps them onto one vector */
+  ATTN_TILE = 128,  /* keys per tile of scores kept on the stack in attention_fwd */
+  ROPE_CHUNK = 128, /* rotation pairs whose cos/sin are kept on the stack at once */
+};
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+static void *cpu_alloc(size_t bytes) {
+  size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+  if (rounded < bytes) return NULL; /* overflow */
+  if (rounded == 0) rounded = CPU_ALIGN; /* NULL means failure only */
+  void *p = aligned_alloc(CPU_ALIGN, rounded);
+  if (p) memset(p, 0, rounded);
+  return p;
+}
+
+static void cpu_release(void *p) { free(p); }
+
+static void cpu_zero(void *p, size_t bytes) {
+  if (bytes) memset(p, 0, bytes);
+}
+
+static void cpu_copy(void *dst, const void *src, size_t bytes) {
+  if (bytes) memcpy(dst, src, bytes);
+}
+
+/* ---- reductions in a fixed order -------------------------------------------------------- */
+
+/* Σ a[i]·b[i] over n, in CPU_LANES partial sums combined in a fixed order */
+static float dot(const float *restrict a, const float *restrict b, int64_t n) {
+  float lane[CPU_LANES] = {0};
+  int64_t i = 0;
+  for (; i + CPU_LANES <= n; i += CPU_LANES)
+    for (int l = 0; l < CPU_LANES; l++) lane[l] += a[i + l] * b[i + l];
+  float sum = 0.0f;
+  for (int l = 0; l < CPU_LANES; l++) sum += lane[l];
+  for (; i < n; i++) sum += a[i] * b[i];
+  return sum;
+}
+
+/* y(n) += alpha · x(n) */
+static void axpy(float *restrict y, float alpha, const float *restrict x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+}
+
+/* ---- matmul ----------------------------------------------------------------------------- */
+
+/* out(N, Out) = inp(N, In) · w(Out, In)ᵀ */
+static void matmul_fwd(float *out, const float *inp, const float *w, int N, int In, int Out) {
+  if (N <= 0 || Out <= 0) return;
+  if (In <= 0) {
+    memset(out, 0, (size_t)N * (size_t)Out * sizeof *out);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, Out, In, 1.0f, inp, In, w, In, 0.0f, out, Out);
+}
+
+/* dinp(N, In) = dout(N, Out) · w(Out, In) (overwritten, skipped when NULL);
+ * dw(Out, In) += dout(N, Out)ᵀ · inp(N, In) (skipped when NULL) */
+static void matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                       const float *w, int N, int In, int Out) {
+  if (N <= 0 || In <= 0) return;
+  if (Out <= 0) {
+    if (dinp) memset(dinp, 0, (size_t)N * (size_t)In * sizeof *dinp);
+    return;
+  }
+  if (dinp)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, In, Out, 1.0f, dout, Out, w, In, 0.0f,
+                dinp, In);
+  if (dw)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Out, In, N, 1.0f, dout, Out, inp, In, 1.0f,
+                dw, In);
+}
+
+/* ---- embedding -------------------------------------------------------------------------- */
+
+/* out(N, C) = table(vocab_end - vocab_first, C)[tok - vocab_first], 0 for tokens off the shard */
+static void embedding_fwd(float *restrict out, const int32_t *restrict tokens,
+                          const float *restrict table, int N, int C, int vocab_first,
+                          int vocab_end) {
+  for (int n = 0; n < N; n++) {
+    float *out_n = out + (size_t)n * C;
+    int32_t tok = tokens[n];
+    if (tok >= vocab_first && tok < vocab_end)
+      memcpy(out_n, table + (size_t)(tok - vocab_first) * C, (size_t)C * sizeof *out_n);
+    else
+      memset(out_n, 0, (size_t)C * sizeof *out_n);
+  }
+}
+
+/* dtable(vocab_end - vocab_first, C)[tok - vocab_first] += dout(N, C)[n], tokens on the shard */
+static void embedding_bwd(float *restrict dtable, const float *restrict dout,
+                          const int32_t *restrict tokens, int N, int C, int vocab_first,
+                          int vocab_end) {
+  for (int n = 0; n < N; n++) {
+    int32_t tok = tokens[n];
+    if (tok >= vocab_first && tok < vocab_end)
+      axpy(dtable + (size_t)(tok - vocab_first) * C, 1.0f, dout + (size_t)n * C, C);
+  }
+}
+
+/* ---- RMSNorm ---------------------------------------------------------------------------- */
+
+/* inp, out (N, C), w (C), rstd (N): out = inp · rstd · w, rstd = 1 / sqrt(mean(inp²) + eps) */
+static void rmsnorm_fwd(float *restrict out, float *restrict rstd, const float *restrict inp,
+                        const float *restrict w, int N, int C, float eps) {
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C;
+    float *o = out + (size_t)n * C;
+    float r = 1.0f / sqrtf(dot(x, x, C) / (float)C + eps);
+    for (int c = 0; c < C; c++) o[c] = x[c] * r * w[c];
+    rstd[n] = r;
+  }
+}
+
+/* dout, inp, dinp (N, C), w, dw (C), rstd (N):
+ * dinp = rstd · (dout∘w) − rstd³/C · inp · Σ(dout∘w∘inp) (overwritten), dw += Σ_n dout∘inp·rstd */
+static void rmsnorm_bwd(float *restrict dinp, float *restrict dw, const float *restrict dout,
+                        const float *restrict inp, const float *restrict w,
+                        const float *restrict rstd, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C;
+    const float *dy = dout + (size_t)n * C;
+    float *dx = dinp + (size_t)n * C;
+    float r = rstd[n];
+    float lane[CPU_LANES] = {0}, dyw_x = 0.0f;
+    int c = 0;
+    for (; c + CPU_LANES <= C; c += CPU_LANES)
+      for (int l = 0; l < CPU_LANES; l++) lane[l] += dy[c + l] * w[c + l] * x[c + l];
+    for (int l = 0; l < CPU_LANES; l++) dyw_x += lane[l];
+    for (; c < C; c++) dyw_x += dy[c] * w[c] * x[c];
+    float k = r * r * r * dyw_x / (float)C;
+    for (c = 0; c < C; c++) {
+      dx[c] = r * dy[c] * w[c] - k * x[c];
+      dw[c] += dy[c] * x[c] * r;
+    }
+  }
+}
+
+/* ---- RoPE ------------------------------------------------------------------------------- */
+
+/* x(B, S, H, D) in place: pair (2i, 2i+1) of position s turns by s · theta^(-2i/D), times `sign`.
+ * Angles, cos and sin are computed in double once per (s, i), for a chunk of pairs at a time kept
+ * on the stack, and applied to every (b, h). */
+static void rope_rotate(float *x, int B, int S, int H, int D, float theta, float sign) {
+  int pairs = D / 2;
+  for (int i0 = 0; i0 < pairs; i0 += ROPE_CHUNK) {
+    int chunk = pairs - i0 < ROPE_CHUNK ? pairs - i0 : ROPE_CHUNK;
+    double inv_freq[ROPE_CHUNK];
+    for (int i = 0; i < chunk; i++) inv_freq[i] = pow((double)theta, -2.0 * (i0 + i) / D);
+    for (int s = 0; s < S; s++) {
+      float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
+      for (int i = 0; i < chunk; i++) {
+        cs[i] = (float)cos(s * inv_freq[i]);
+        sn[i] = sign * (float)sin(s * inv_freq[i]);
+      }
+      for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+          float *restrict xp = x + (((size_t)b * S + s) * H + h) * D + 2 * (size_t)i0;
+          for (int i = 0; i < chunk; i++) {
+            float x0 = xp[2 * i], x1 = xp[2 * i + 1];
+            xp[2 * i] = x0 * cs[i] - x1 * sn[i];
+            xp[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+          }
+        }
+    }
+  }
+}
+
+/* x(B, S, H, D) in place, rotated forward */
+static void rope_fwd(float *x, int B, int S, int H, int D, float theta) {
+  rope_rotate(x, B, S, H, D, theta, 1.0f);
+}
+
+/* dx(B, S, H, D) in place, rotated back: a rotation's transpose is its inverse */
+static void rope_bwd(float *dx, int B, int S, int H, int D, float theta) {
+  rope_rotate(dx, B, S, H, D, theta, -1.0f);
+}
+
+/* ---- attention -------------------------------------------------------------------------- */
+
+/* Local kv head used by local query head i (global q_first + i; group query heads per kv head). */
+static int kv_head_of(int i, int q_first, int kv_first, int group) {
+  return (q_first + i) / group - kv_first;
+}
+
+/* One query row over keys 0..last: out(D) = softmax(q·kᵀ·scale)·v, returning the log-sum-exp.
+ * q(D); k, v rows of D floats, kv_stride floats apart. Tiles of ATTN_TILE scores are combined
+ * by an online softmax (running max m, running sum l, out rescaled when m grows). */
+static float attention_row(float *restrict out, const float *restrict q, const float *k,
+                           const float *v, int last, size_t kv_stride, int D, float scale) {
+  float score[ATTN_TILE];
+  float m = -INFINITY, l = 0.0f;
+  memset(out, 0, (size_t)D * sizeof *out);
+  for (int j0 = 0; j0 <= last; j0 += ATTN_TILE) {
+    int tile = last + 1 - j0 < ATTN_TILE ? last + 1 - j0 : ATTN_TILE;
+    float m_new = m;
+    for (int j = 0; j < tile; j++) {
+      score[j] = dot(q, k + (size_t)(j0 + j) * kv_stride, D) * scale;
+      if (score[j] > m_new) m_new = score[j];
+    }
+    if (m_new > m && l > 0.0f) {
+      float rescale = expf(m - m_new);
+      l *= rescale;
+      for (int d = 0; d < D; d++) out[d] *= rescale;
+    }
+    m = m_new;
+    for (int j = 0; j < tile; j++) {
+      float p = expf(score[j] - m);
+      l += p;
+      axpy(out, p, v + (size_t)(j0 + j) * kv_stride, D);
+    }
+  }
+  float inv_l = 1.0f / l;
+  for (int d = 0; d < D; d++) out[d] *= inv_l;
+  return m + logf(l);
+}
+
+/* q, out (B, S, Hq, D); k, v (B, S, Hkv, D); lse (B, Hq, S). Causal, scale 1/sqrt(D). */
+static void attention_fwd(float *restrict out, float *restrict lse, const float *restrict q,
+                          const float *restrict k, const float *restrict v, int B, int S, int Hq,
+                          int Hkv, int D, int q_first, int kv_first, int group) {
+  float scale = 1.0f / sqrtf((float)D);
+  size_t q_stride = (size_t)Hq * D, kv_stride = (size_t)Hkv * D;
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < Hq; h++) {
+      int hk = kv_head_of(h, q_first, kv_first, group);
+      const float *k_bh = k + (size_t)b * S * kv_stride + (size_t)hk * D;
+      const float *v_bh = v + (size_t)b * S * kv_stride + (size_t)hk * D;
+      for (int t = 0; t < S; t++) {
+        size_t row = ((size_t)b * S + t) * q_stride + (size_t)h * D;
+        lse[((size_t)b * Hq + h) * S + t] =
+            attention_row(out + row, q + row, k_bh, v_bh, t, kv_stride, D, scale);
+      }
+    }
+}
+
+/* Backward of one query row over keys 0..last, with P recomputed from q, k and lse:
+ * dP_j = dout·v_j, dS_j = P_j (dP_j − Σ dout∘out); dq (overwritten) = scale Σ_j dS_j k_j,
+ * dk_j += scale dS_j q, dv_j += P_j dout. Rows of k, v, dk, dv lie kv_stride floats apart. */
+static void attention_row_bwd(float *restrict dq, float *restrict dk, float *restrict dv,
+                              const float *restrict dout, const float *restrict out,
+                              float lse, const float *restrict q, const float *restrict k,
+                              const float *restrict v, int last, size_t kv_stride, int D,
+                              float scale) {
+  float dout_out = dot(dout, out, D);
+  memset(dq, 0, (size_t)D * sizeof *dq);
+  for (int j = 0; j <= last; j++) {
+    size_t kj = (size_t)j * kv_stride;
+    float p = expf(dot(q, k + kj, D) * scale - lse);
+    float ds = p * (dot(dout, v + kj, D) - dout_out);
+    axpy(dq, ds * scale, k + kj, D);
+    axpy(dk + kj, ds * scale, q, D);
+    axpy(dv + kj, p, dout, D);
+  }
+}
+
+/* dq, dout, out, q (B, S, Hq, D); dk, dv, k, v (B, S, Hkv, D); lse (B, Hq, S).
+ * dq, dk, dv are overwritten; dk, dv sum over the local query heads sharing a kv head. */
+static void attention_bwd(float *restrict dq, float *restrict dk, float *restrict dv,
+                          const float *restrict dout, const float *restrict out,
+                          const float *restrict lse, const float *restrict q,
+                          const float *restrict k, const float *restrict v, int B, int S, int Hq,
+                          int Hkv, int D, int q_first, int kv_first, int group) {
+  float scale = 1.0f / sqrtf((float)D);
+  size_t q_stride = (size_t)Hq * D, kv_stride = (size_t)Hkv * D;
+  size_t kv_bytes = (size_t)B * S * kv_stride * sizeof(float);
+  cpu_zero(dk, kv_bytes);
+  cpu_zero(dv, kv_bytes);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < Hq; h++) {
+      size_t kv_bh = (size_t)b * S * kv_stride + (size_t)kv_head_of(h, q_first, kv_first, group) * D;
+      for (int t = 0; t < S; t++) {
+        size_t row = ((size_t)b * S + t) * q_stride + (size_t)h * D;
+        attention_row_bwd(dq + row, dk + kv_bh, dv + kv_bh, dout + row, out + row,
+                          lse[((size_t)b * Hq + h) * S + t], q + row, k + kv_bh, v + kv_bh, t,
+                          kv_stride, D, scale);
+      }
+    }
+}
+
+/* ---- SwiGLU ----------------------------------------------------------------------------- */
+
+static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* out, gate, up (n): out = silu(gate) · up, silu(g) = g · sigmoid(g) */
+static void swiglu_fwd(float *restrict out, const float *restrict gate, const float *restrict up,
+                       int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
+}
+
+/* dgate, dup, dout, gate, up (n): dup = dout · silu(g),
+ * dgate = dout · up · sigmoid(g) · (1 + g · (1 − sigmoid(g))) (both overwritten) */
+static void swiglu_bwd(float *restrict dgate, float *restrict dup, const float *restrict dout,
+                       const float *restrict gate, const float *restrict up, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    float g = gate[i], sg = sigmoid(g);
+    dup[i] = dout[i] * g * sg;
+    dgate[i] = dout[i] * up[i] * sg * (1.0f + g * (1.0f - sg));
+  }
+}
+
+/* ---- elementwise ------------------------------------------------------------------------ */
+
+/* out, a, b (n): out = a + b; out may alias a (so no restrict) */
+static void add(float *out, const float *a, const float *b, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+/* out, a (n): out += a */
+static void accumulate(float *restrict out, const float *restrict a, int64_t n) {
+  axpy(out, 1.0f, a, n);
+}
+
+/* x (n): x *= s */
+static void scale(float *restrict x, float s, int64_t n) {
+  for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* ---- cross-entropy ---------------------------------------------------------------------- */
+
+/* logits (N, V), row_max (N): pass 1, the max of each row over this shard */
+static void ce_row_max(float *restrict row_max, const float *restrict logits, int N, int V) {
+  for (int n = 0; n < N; n++) {
+    const float *z = logits + (size_t)n * V;
+    float m = -INFINITY;
+    for (int j = 0; j < V; j++) m = z[j] > m ? z[j] : m;
+    row_max[n] = m;
+  }
+}
+
+/* logits (N, V), row_max, row_sum (N): pass 2, Σ exp(logit − max) over this shard's columns */
+static void ce_row_sum(float *restrict row_sum, const float *restrict logits,
+                       const float *restrict row_max, int N, int V) {
+  for (int n = 0; n < N; n++) {
+    const float *z = logits + (size_t)n * V;
+    float m = row_max[n];
+    double sum = 0.0; /* a vocabulary row is long: keep the many small terms */
+    for (int j = 0; j < V; j++) sum += expf(z[j] - m);
+    row_sum[n] = (float)sum;
+  }
+}
+
+/* logits, dlogits (N, V) (may be the same array; dlogits NULL: loss only), targets, loss,
+ * row_max, row_sum (N), with global max and sum: pass 3, loss += log Σ − (logit[target] − max)
+ * where this shard owns the target, dlogits = (softmax − onehot) · scale (overwritten). */
+static void ce_loss_grad(float *loss, float *dlogits, const float *logits,
+                         const int32_t *targets, const float *row_max, const float *row_sum,
+                         int N, int V, int vocab_first, float scale) {
+  for (int n = 0; n < N; n++) {
+    const float *z = logits + (size_t)n * V;
+    float m = row_max[n], inv_sum = 1.0f / row_sum[n];
+    int64_t target = (int64_t)targets[n] - vocab_first; /* in [0, V) when this shard owns it */
+    int owned = target >= 0 && target < V;
+    if (owned) loss[n] += logf(row_sum[n]) - (z[target] - m);
+    if (!dlogits) continue;
+    float *dz = dlogits + (size_t)n * V;
+    for (int j = 0; j < V; j++) dz[j] = expf(z[j] - m) * inv_sum * scale;
+    if (owned) dz[target] -= scale;
+  }
+}
+
+/* ---- optimizer -------------------------------------------------------------------------- */
+
+/* param, grad, m, v (n). torch.optim.AdamW (single-tensor path), with g = grad · grad_scale:
+ * p *= 1 − lr·wd; m = β1 m + (1−β1) g; v = β2 v + (1−β2) g²;
+ * p −= lr/(1−β1^step) · m / (sqrt(v)/sqrt(1−β2^step) + eps) */
+static void adamw(float *restrict param, const float *restrict grad, float *restrict m,
+                  float *restrict v, int64_t n, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, int64_t step, float grad_scale) {
+  float decay = (float)(1.0 - (double)lr * weight_decay);
+  float step_size = (float)(lr / (1.0 - pow(beta1, (double)step)));
+  float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
+  float one_minus_b1 = 1.0f - beta1, one_minus_b2 = 1.0f - beta2;
+  for (int64_t i = 0; i < n; i++) {
+    float g = grad[i] * grad_scale;
+    float mi = beta1 * m[i] + one_minus_b1 * g;
+    float vi = beta2 * v[i] + one_minus_b2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float p = param[i] * decay; /* torch: param.mul_(1 - lr * wd) first */
+    param[i] = p - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+  }
+}
+
+/* x (n): Σ x² in double, in CPU_LANES partial sums combined in a fixed order */
+static double sum_squares(const float *restrict x, int64_t n) {
+  double lane[CPU_LANES] = {0}, sum = 0.0;
+  int64_t i = 0;
+  for (; i + CPU_LANES <= n; i += CPU_LANES)
+    for (int l = 0; l < CPU_LANES; l++) lane[l] += (double)x[i + l] * x[i + l];
+  for (int l = 0; l < CPU_LANES; l++) sum += lane[l];
+  for (; i < n; i++) sum += (double)x[i] * x[i];
+  return sum;
+}
+
+/* ---- the table -------------------------------------------------------------------------- */
+
+static const ff_kernels cpu_kernels = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .zero = cpu_zero,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .matmul_fwd = matmul_fwd,
+    .matmul_bwd = matmul_bwd,
+    .embedding_fwd = embedding_fwd,
+    .embedding_bwd = embedding_bwd,
+    .rmsnorm_fwd = rmsnorm_fwd,
+    .rmsnorm_bwd = rmsnorm_bwd,
+    .rope_fwd = rope_fwd,
+    .rope_bwd = rope_bwd,
+    .attention_fwd = attention_fwd,
+    .attention_bwd = attention_bwd,
+    .swiglu_fwd = swiglu_fwd,
+    .swiglu_bwd = swiglu_bwd,
+    .add = add,
+    .accumulate = accumulate,
+    .scale = scale,
+    .ce_row_max = ce_row_max,
+    .ce_row_sum = ce_row_sum,
+    .ce_loss_grad = ce_loss_grad,
+    .adamw = adamw,
+    .sum_squares = sum_squares,
+};
+
+const ff_kernels *ff_kernels_cpu(int threads) {
+  openblas_set_num_threads(threads > 0 ? threads : 1);
+  return &cpu_kernels;
+}

@@ -1,0 +1,106 @@
+/* ff_kernels.h — the compute backends' one interface: a table of functions per backend
+ * (kernels/cpu in C over BLAS, kernels/cuda in CUDA C), so the model code in executor/ never
+ * knows which one runs. Every operation the Llama decoder needs has a forward and a backward.
+ *
+ * Conventions (all fp32 on the CPU backend; the CUDA backend keeps the same shapes):
+ *  - Activations are row-major (N, C): N = B·S tokens of a micro-batch, C channels.
+ *  - Weights are (out, in) like torch.nn.Linear: y = x·Wᵀ.
+ *  - Attention tensors are (B, S, H, D): token-major, then head, then head dimension.
+ *  - Backward functions ACCUMULATE into weight gradients (+=, so micro-batches accumulate) and
+ *    OVERWRITE input gradients (=), unless a name says otherwise.
+ *  - Shards: a rank may hold a contiguous range of heads, kv heads, FFN columns or vocabulary
+ *    rows; kernels work on the local range and take the global offsets where the result depends
+ *    on them (RoPE does not; GQA's query-to-kv mapping and vocabulary rows do).
+ * Nothing here allocates except `alloc`; nothing prints. */
+#ifndef FF_KERNELS_H
+#define FF_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ff_kernels {
+  const char *name; /* "cpu", "cuda" */
+
+  /* Memory of the backend (host memory on the CPU backend). */
+  void *(*alloc)(size_t bytes);      /* zero-filled; NULL on failure */
+  void (*release)(void *p);
+  void (*zero)(void *p, size_t bytes);
+  void (*to_device)(void *dst, const void *host_src, size_t bytes);
+  void (*to_host)(void *host_dst, const void *src, size_t bytes);
+
+  /* out(N, Out) = inp(N, In) · w(Out, In)ᵀ */
+  void (*matmul_fwd)(float *out, const float *inp, const float *w, int N, int In, int Out);
+  /* dinp(N, In) = dout(N, Out) · w (overwritten; skipped when dinp is NULL);
+   * dw(Out, In) += dout(N, Out)ᵀ · inp(N, In) */
+  void (*matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                     int N, int In, int Out);
+
+  /* out(N, C) = table[tok - vocab_first] for tokens in [vocab_first, vocab_end), else 0 (a
+   * vocabulary shard; the TP group sums the partial rows). table is (vocab_end-vocab_first, C). */
+  void (*embedding_fwd)(float *out, const int32_t *tokens, const float *table, int N, int C,
+                        int vocab_first, int vocab_end);
+  /* dtable[tok - vocab_first] += dout for tokens in the shard */
+  void (*embedding_bwd)(float *dtable, const float *dout, const int32_t *tokens, int N, int C,
+                        int vocab_first, int vocab_end);
+
+  /* out = inp / sqrt(mean(inp²) + eps) · w per row; rstd(N) saved for backward */
+  void (*rmsnorm_fwd)(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                      float eps);
+  /* dinp = (overwritten), dw += */
+  void (*rmsnorm_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                      const float *rstd, int N, int C);
+
+  /* Rotary embedding in place on x(B, S, H, D), rotating pairs (2i, 2i+1) by angle
+   * pos · theta^(-2i/D), pos = the token's index in its sequence. Backward rotates back. */
+  void (*rope_fwd)(float *x, int B, int S, int H, int D, float theta);
+  void (*rope_bwd)(float *dx, int B, int S, int H, int D, float theta);
+
+  /* Causal attention of local query heads q(B, S, Hq, D) over local kv heads k, v(B, S, Hkv, D):
+   * local query head i is global head q_first + i and uses global kv head (q_first + i) / group,
+   * i.e. local kv head (q_first + i) / group - kv_first. Scale 1/sqrt(D).
+   * out(B, S, Hq, D); lse(B, Hq, S) = log-sum-exp of each score row, saved for backward. */
+  void (*attention_fwd)(float *out, float *lse, const float *q, const float *k, const float *v,
+                        int B, int S, int Hq, int Hkv, int D, int q_first, int kv_first, int group);
+  /* dq (overwritten), dk and dv (overwritten: a kv head shared by several query heads sums
+   * their contributions) */
+  void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                        const float *lse, const float *q, const float *k, const float *v, int B,
+                        int S, int Hq, int Hkv, int D, int q_first, int kv_first, int group);
+
+  /* out = silu(gate) · up, elementwise over n; backward overwrites dgate, dup */
+  void (*swiglu_fwd)(float *out, const float *gate, const float *up, int64_t n);
+  void (*swiglu_bwd)(float *dgate, float *dup, const float *dout, const float *gate,
+                     const float *up, int64_t n);
+
+  /* out = a + b over n (out may alias a); acc: out += a */
+  void (*add)(float *out, const float *a, const float *b, int64_t n);
+  void (*accumulate)(float *out, const float *a, int64_t n);
+  void (*scale)(float *x, float s, int64_t n);
+
+  /* Softmax cross-entropy over a vocabulary shard, in two passes so a TP group can combine the
+   * per-row statistics (max, then sum of exp) across shards between them:
+   *  pass 1: row_max(N) = max over the shard's logits(N, V) columns
+   *  pass 2 (after the group's row_max is the global max): row_sum(N) = Σ exp(logit - max)
+   *  pass 3 (global max and sum): loss(N) += -(logit[target] - max - log sum) for targets in
+   *          [vocab_first, vocab_first + V) (the owner of the target adds it), and
+   *          dlogits(N, V) = (softmax - onehot) · scale  (overwritten; in place over logits is
+   *          allowed). */
+  void (*ce_row_max)(float *row_max, const float *logits, int N, int V);
+  void (*ce_row_sum)(float *row_sum, const float *logits, const float *row_max, int N, int V);
+  void (*ce_loss_grad)(float *loss, float *dlogits, const float *logits, const int32_t *targets,
+                       const float *row_max, const float *row_sum, int N, int V, int vocab_first,
+                       float scale);
+
+  /* AdamW with decoupled weight decay and bias correction (step counts from 1); grad is scaled
+   * by grad_scale first (the clipping factor). */
+  void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                float grad_scale);
+  /* Σ x² in double precision */
+  double (*sum_squares)(const float *x, int64_t n);
+} ff_kernels;
+
+/* The CPU backend (always present). threads: BLAS threads per rank (1 by default). */
+const ff_kernels *ff_kernels_cpu(int threads);
+
+#endif

@@ -12,10 +12,10 @@
 
 #include "ff_json.h"
 
-static const char *const moment_prefix[3] = {"", "adam_m.", "adam_v."};
+static const char *const moment_prefix[4] = {"", "adam_m.", "adam_v.", "grad."};
 
 static float *block_of(const ff_model_rank *mr, int which) {
-  return which == 0 ? mr->params : which == 1 ? mr->m : mr->v;
+  return which == 0 ? mr->params : which == 1 ? mr->m : which == 2 ? mr->v : mr->grads;
 }
 
 static void shape_json(cJSON *o, const ff_tensor *t) {
@@ -25,7 +25,7 @@ static void shape_json(cJSON *o, const ff_tensor *t) {
     cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->cols));
 }
 
-static cJSON *header_json(const ff_model_rank *mr, const ff_ckpt_meta *meta) {
+static cJSON *header_json(const ff_model_rank *mr, const ff_ckpt_meta *meta, int blocks) {
   cJSON *h = cJSON_CreateObject();
   cJSON *md = cJSON_AddObjectToObject(h, "__metadata__");
   char num[32];
@@ -37,7 +37,7 @@ static cJSON *header_json(const ff_model_rank *mr, const ff_ckpt_meta *meta) {
   cJSON_AddStringToObject(md, "model", meta->model_name);
   cJSON_AddStringToObject(md, "model_digest", meta->model_digest);
   int64_t offset = 0;
-  for (int which = 0; which < 3; which++)
+  for (int which = 0; which < blocks; which++)
     for (int i = 0; i < mr->n_tensors; i++) {
       const ff_tensor *t = &mr->tensors[i];
       char name[64];
@@ -54,20 +54,21 @@ static cJSON *header_json(const ff_model_rank *mr, const ff_ckpt_meta *meta) {
 }
 
 ff_status ff_checkpoint_save(const char *dir, const ff_model_rank *mr, const ff_ckpt_meta *meta,
-                             ff_diag *d, char *path_out, size_t cap) {
+                             bool gradients, ff_diag *d, char *path_out, size_t cap) {
+  int blocks = gradients ? 4 : 3;
   for (int i = 0; i < mr->n_tensors; i++)
     if (mr->tensors[i].numel != mr->tensors[i].rows * mr->tensors[i].cols) {
       ff_diag_error(d, NULL, "tensor %s is sharded on this rank; a sharded save needs the "
                     "distributed executor", mr->tensors[i].name);
       return FF_ERR_INPUT;
     }
-  cJSON *h = header_json(mr, meta);
+  cJSON *h = header_json(mr, meta, blocks);
   char *text = cJSON_PrintUnformatted(h);
   cJSON_Delete(h);
   if (!text)
     return FF_ERR_RUNTIME;
   size_t hlen = strlen(text), padded = (hlen + 7) / 8 * 8;
-  size_t data_bytes = (size_t)mr->n_params * 4 * 3;
+  size_t data_bytes = (size_t)mr->n_params * 4 * (size_t)blocks;
   size_t total = 8 + padded + data_bytes;
   unsigned char *buf = malloc(total);
   if (!buf) {
@@ -82,7 +83,7 @@ ff_status ff_checkpoint_save(const char *dir, const ff_model_rank *mr, const ff_
   memset(buf + 8 + hlen, ' ', padded - hlen);
   free(text);
   unsigned char *at = buf + 8 + padded;
-  for (int which = 0; which < 3; which++) {
+  for (int which = 0; which < blocks; which++) {
     mr->k->to_host(at, block_of(mr, which), (size_t)mr->n_params * 4);
     at += (size_t)mr->n_params * 4;
   }

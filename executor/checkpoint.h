@@ -7,6 +7,7 @@
 #ifndef FF_EXEC_CHECKPOINT_H
 #define FF_EXEC_CHECKPOINT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "ff_diag.h"
@@ -20,9 +21,10 @@ typedef struct ff_ckpt_meta {
 } ff_ckpt_meta;
 
 /* Save to DIR/step-NNNNNNNN.safetensors; the path written goes to path_out. This rank must hold
- * every tensor whole (the one-rank case). */
+ * every tensor whole (the one-rank case). With `gradients`, the last step's gradients are saved
+ * too, as "grad.NAME" (for checking the model against a reference implementation). */
 ff_status ff_checkpoint_save(const char *dir, const ff_model_rank *mr, const ff_ckpt_meta *meta,
-                             ff_diag *d, char *path_out, size_t cap);
+                             bool gradients, ff_diag *d, char *path_out, size_t cap);
 /* The newest checkpoint in dir (by step); FF_ERR_INPUT when there is none. */
 ff_status ff_checkpoint_latest(const char *dir, char *path, size_t cap);
 /* Load this rank's slices of parameters and moments; meta receives the file's metadata. A

@@ -36,9 +36,11 @@ static void usage(FILE *out) {
           "  --data FILE             llm.c token file (uint16 tokens after a 1024-byte header)\n"
           "  --text FILE             plain text read as bytes (models with vocab >= 256)\n"
           "  --steps N               train until step N (default: the plan's training.steps)\n"
-          "  --checkpoint-dir D      write checkpoints (safetensors) to D, at the end and ...\n"
+          "  --checkpoint-dir D      write checkpoints (safetensors) to D: the initial model, the\n"
+          "                          end, and ...\n"
           "  --checkpoint-every K    ... every K steps\n"
           "  --resume                continue from the newest checkpoint in D\n"
+          "  --checkpoint-gradients  also save each checkpointed step's gradients (verification)\n"
           "  --metrics FILE          one JSON line per step\n"
           "  --threads N             BLAS threads for this rank (default 1)\n"
           "  --quiet                 no progress lines\n"
@@ -211,6 +213,8 @@ static int parse(int argc, char **argv, cli *c, bool *done) {
       c->train.resume = true;
     } else if (strcmp(a, "--quiet") == 0) {
       c->train.quiet = true;
+    } else if (strcmp(a, "--checkpoint-gradients") == 0) {
+      c->train.checkpoint_gradients = true;
     } else if (strcmp(a, "--backend") == 0 || strcmp(a, "--data") == 0 || strcmp(a, "--text") == 0 ||
                strcmp(a, "--steps") == 0 || strcmp(a, "--checkpoint-dir") == 0 ||
                strcmp(a, "--checkpoint-every") == 0 || strcmp(a, "--metrics") == 0 ||

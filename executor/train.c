@@ -42,7 +42,8 @@ typedef struct run {
   ff_model_rank mr;
   ff_data data;
   char model_digest[32];
-  int64_t total_steps;
+  int64_t total_steps; /* the schedule's length: training.steps */
+  int64_t stop_at;     /* --steps, or training.steps */
   FILE *metrics;
   double predicted_seconds, peak_flops;
   int32_t *inputs, *targets;
@@ -103,7 +104,7 @@ static void report(run *r, int64_t step, double loss, double norm, double lr, do
   }
   if (!r->o->quiet)
     fprintf(stderr, "step %lld/%lld | loss %.4f | lr %.3g | grad norm %.3f | %.0f tokens/s | "
-            "%.1f ms\n", (long long)step, (long long)r->total_steps, loss, lr, norm,
+            "%.1f ms\n", (long long)step, (long long)r->stop_at, loss, lr, norm,
             tokens / seconds, seconds * 1e3);
 }
 
@@ -115,7 +116,8 @@ static ff_status save(run *r, int64_t step) {
   ff_diag d;
   ff_diag_init(&d, r->o->checkpoint_dir);
   mkdir(r->o->checkpoint_dir, 0755);
-  ff_status st = ff_checkpoint_save(r->o->checkpoint_dir, &r->mr, &meta, &d, path, sizeof path);
+  ff_status st = ff_checkpoint_save(r->o->checkpoint_dir, &r->mr, &meta, r->o->checkpoint_gradients,
+                                    &d, path, sizeof path);
   ff_diag_print(&d, stderr);
   ff_diag_free(&d);
   if (st == FF_OK && !r->o->quiet)
@@ -179,7 +181,8 @@ ff_status ff_train_one_rank(const ff_plan *plan, const ff_kernels *k, const ff_t
   r.plan = plan;
   r.k = k;
   r.o = o;
-  r.total_steps = o->steps > 0 ? o->steps : plan->training.steps;
+  r.total_steps = plan->training.steps;
+  r.stop_at = o->steps > 0 ? o->steps : plan->training.steps;
   ff_diag d;
   ff_diag_init(&d, o->data_file);
   ff_status st = ff_data_load(&r.data, o->data_file, o->text, plan->model.vocab,
@@ -191,11 +194,13 @@ ff_status ff_train_one_rank(const ff_plan *plan, const ff_kernels *k, const ff_t
     st = setup(&r);
   if (st == FF_OK && o->resume && o->checkpoint_dir)
     st = resume(&r, &done);
+  if (st == FF_OK && o->checkpoint_dir && done == 0)
+    st = save(&r, 0); /* the initial model: a fresh run is reproducible from its first file */
   if (st == FF_OK && o->metrics_file && !(r.metrics = fopen(o->metrics_file, done ? "a" : "w"))) {
     fprintf(stderr, "%s: cannot open for writing metrics\n", o->metrics_file);
     st = FF_ERR_INPUT;
   }
-  for (int64_t step = done + 1; st == FF_OK && step <= r.total_steps; step++) {
+  for (int64_t step = done + 1; st == FF_OK && step <= r.stop_at; step++) {
     double norm, lr, compute_s, start = now();
     double loss = train_step(&r, step, &norm, &lr, &compute_s);
     report(&r, step, loss, norm, lr, now() - start, compute_s);
@@ -203,7 +208,7 @@ ff_status ff_train_one_rank(const ff_plan *plan, const ff_kernels *k, const ff_t
       fprintf(stderr, "ffrun: the loss is %g at step %lld; stopping\n", loss, (long long)step);
       st = FF_ERR_RUNTIME;
     }
-    bool last = step == r.total_steps;
+    bool last = step == r.stop_at;
     if (st == FF_OK && o->checkpoint_dir && (last || (o->checkpoint_every > 0 && step % o->checkpoint_every == 0)))
       st = save(&r, step);
   }

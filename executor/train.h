@@ -13,10 +13,12 @@
 typedef struct ff_train_opts {
   const char *data_file; /* NULL: the model must have vocab >= 256 and text_file is required */
   bool text;             /* data_file is plain text read as bytes */
-  int64_t steps;         /* train until this many steps are done; 0: the training settings' */
+  int64_t steps;         /* stop after this step (the learning-rate schedule still spans the
+                            training settings' steps); 0: train all of them */
   const char *checkpoint_dir;
   int64_t checkpoint_every; /* 0: only at the end (when a directory is given) */
   bool resume;
+  bool checkpoint_gradients; /* save each step's gradients too (for verification) */
   const char *metrics_file;
   bool quiet;
 } ff_train_opts;

@@ -16,8 +16,10 @@ typedef struct hf_args {
 } hf_args;
 
 static int hf_usage(const char *why) {
-  fprintf(stderr, "ffplan hostfile: %s\n"
-          "usage: ffplan hostfile PLAN [--format openmpi|slurm] [-o FILE]\n", why);
+  fprintf(stderr,
+          "ffplan hostfile: %s\n"
+          "usage: ffplan hostfile PLAN [--format openmpi|slurm] [-o FILE]\n",
+          why);
   return FF_ERR_INPUT;
 }
 
@@ -89,26 +91,27 @@ static void header_common(ff_buf *b, const ff_plan *plan, const char *what, int 
                 n_nodes == 1 ? "" : "s");
 }
 
-static void write_openmpi(ff_buf *b, const ff_plan *plan, const ff_plan_rank **by,
-                          const hf_args *a, int n_nodes) {
+static void write_openmpi(ff_buf *b, const ff_plan *plan, const ff_plan_rank **by, const hf_args *a,
+                          int n_nodes) {
   const char *file = strcmp(a->out_file, "-") == 0 ? "RANKFILE" : a->out_file;
   header_common(b, plan, "Open MPI rankfile", n_nodes);
   ff_buf_printf(b,
                 "# written by ffplan hostfile; one line per rank, in rank order:\n"
                 "#   rank N=HOST slot=GPU   (HOST: the rank's node, GPU: its GPU index there)\n"
-                "# slot= is the processor slot Open MPI binds the rank to; numbering it by the GPU\n"
-                "# gives every rank of a node its own slot. ffrun opens the rank's GPU as the plan\n"
-                "# says, not from the slot. Launch, with the plan at the same path on every node:\n"
+                "# slot=K binds the rank to CPU core K of HOST (Open MPI's logical numbering), so\n"
+                "# ranks of a node never share a core; it does not choose the GPU: ffrun opens\n"
+                "# the rank's GPU as the plan says. Launch, with the plan at the same path on\n"
+                "# every node:\n"
                 "#   mpirun -np %lld --rankfile %s ffrun %s\n",
                 (long long)plan->n_ranks, file, a->plan_file);
   for (int64_t r = 0; r < plan->n_ranks; r++)
     if (by[r])
-      ff_buf_printf(b, "rank %lld=%s slot=%d\n", (long long)r, plan->cluster.nodes[by[r]->node].name,
-                    by[r]->gpu);
+      ff_buf_printf(b, "rank %lld=%s slot=%d\n", (long long)r,
+                    plan->cluster.nodes[by[r]->node].name, by[r]->gpu);
 }
 
-static void write_slurm(ff_buf *b, const ff_plan *plan, const ff_plan_rank **by,
-                        const hf_args *a, const char *nodes, int n_nodes) {
+static void write_slurm(ff_buf *b, const ff_plan *plan, const ff_plan_rank **by, const hf_args *a,
+                        const char *nodes, int n_nodes) {
   const char *file = strcmp(a->out_file, "-") == 0 ? "HOSTFILE" : a->out_file;
   header_common(b, plan, "SLURM_HOSTFILE", n_nodes);
   ff_buf_printf(b,
@@ -117,9 +120,10 @@ static void write_slurm(ff_buf *b, const ff_plan *plan, const ff_plan_rank **by,
                 "# Launch inside an allocation of these nodes (--nodelist=%s):\n"
                 "#   export SLURM_HOSTFILE=%s\n"
                 "#   srun --ntasks=%lld --distribution=arbitrary ffrun %s\n"
-                "# Slurm assigns GPUs by local task id, not by rank: ffrun maps each rank to its\n"
-                "# GPU from the plan, so give the job whole nodes (--exclusive) so that GPU i in\n"
-                "# the plan is GPU i on its node.\n",
+                "# Slurm binds GPUs by local task id, not by rank; ffrun instead maps each rank\n"
+                "# to its GPU from the plan. So allocate whole nodes with all their GPUs (e.g.\n"
+                "# --exclusive --gres=gpu:N) and leave out --gpus-per-task and --gpu-bind, so\n"
+                "# that GPU i in the plan is GPU i on its node.\n",
                 nodes, file, (long long)plan->n_ranks, a->plan_file);
   for (int64_t r = 0; r < plan->n_ranks; r++)
     if (by[r])
@@ -132,9 +136,10 @@ static void print_hint(const ff_plan *plan, const hf_args *a) {
     fprintf(stderr, "ffplan hostfile: launch with: mpirun -np %lld --rankfile %s ffrun %s\n",
             (long long)plan->n_ranks, to_stdout ? "RANKFILE" : a->out_file, a->plan_file);
   else
-    fprintf(stderr, "ffplan hostfile: launch with: SLURM_HOSTFILE=%s srun --ntasks=%lld "
-            "--distribution=arbitrary ffrun %s\n", to_stdout ? "HOSTFILE" : a->out_file,
-            (long long)plan->n_ranks, a->plan_file);
+    fprintf(stderr,
+            "ffplan hostfile: launch with: SLURM_HOSTFILE=%s srun --ntasks=%lld "
+            "--distribution=arbitrary ffrun %s\n",
+            to_stdout ? "HOSTFILE" : a->out_file, (long long)plan->n_ranks, a->plan_file);
 }
 
 static int write_hostfile(const ff_plan *plan, const hf_args *a) {

@@ -7,6 +7,7 @@
  *
  *   ffplan plan --cluster C --model M --training T [-o PLAN]   search for the best plan
  *   ffplan show PLAN / check PLAN / diff A B                   review plans (cmd_show.c, cmd_diff.c)
+ *   ffplan svg PLAN -o F.svg / hostfile PLAN                   drawings and launcher files (cmd_svg.c, cmd_hostfile.c)
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 
 #include "ff_format.h"
 #include "ff_version.h"
+#include "cmd_review.h"
 #include "ffplan_cmds.h"
 
 static void usage(FILE *out) {
@@ -42,6 +44,14 @@ static void usage(FILE *out) {
           "                            and the given cluster and model (exit 2 on any problem)\n"
           "  diff A B [--json]         what changed between two plans, in the plan's own words,\n"
           "                            and its predicted effect (exit 0 same, 1 different)\n"
+          "  svg PLAN -o FILE.svg [--timeline]\n"
+          "                            draw the plan for review: pipelines, stages, TP groups,\n"
+          "                            nodes and GPUs by device type, memory per stage;\n"
+          "                            --timeline adds each pipeline's simulated schedule\n"
+          "                            (-o - writes to standard output)\n"
+          "  hostfile PLAN [--format openmpi|slurm] [-o FILE]\n"
+          "                            place each rank on its node and GPU: an Open MPI\n"
+          "                            rankfile (default) or a SLURM_HOSTFILE (default: stdout)\n"
           "\n"
           "options:\n"
           "  -h, --help                show this help\n"
@@ -167,6 +177,10 @@ int main(int argc, char **argv) {
     return ffplan_cmd_diff(argc - 2, argv + 2);
   if (strcmp(cmd, "plan") == 0)
     return ffplan_cmd_plan(argc - 2, argv + 2);
+  if (strcmp(cmd, "svg") == 0)
+    return ffplan_cmd_svg(argc - 2, argv + 2);
+  if (strcmp(cmd, "hostfile") == 0)
+    return ffplan_cmd_hostfile(argc - 2, argv + 2);
   if (strcmp(cmd, "simulate") == 0)
     return ffplan_cmd_simulate(argc - 2, argv + 2);
   fprintf(stderr, "ffplan: unknown command \"%s\" (see ffplan --help)\n", cmd);

@@ -10,6 +10,7 @@
  * stack and combines tiles with an online softmax, so memory does not grow with S².
  * Pointers marked restrict must not alias; the header allows only add's out == a and
  * ce_loss_grad's dlogits == logits, and those two are written without restrict. */
+#include <assert.h>
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -62,9 +63,12 @@ static float dot(const float *restrict a, const float *restrict b, int64_t n) {
   return sum;
 }
 
-/* y(n) += alpha · x(n) */
+/* y(n) += alpha · x(n), blocked by CPU_LANES so that -O2's cheapest vectoriser takes it too */
 static void axpy(float *restrict y, float alpha, const float *restrict x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+  int64_t i = 0;
+  for (; i + CPU_LANES <= n; i += CPU_LANES)
+    for (int l = 0; l < CPU_LANES; l++) y[i + l] += alpha * x[i + l];
+  for (; i < n; i++) y[i] += alpha * x[i];
 }
 
 /* ---- matmul ----------------------------------------------------------------------------- */
@@ -76,7 +80,8 @@ static void matmul_fwd(float *out, const float *inp, const float *w, int N, int 
     memset(out, 0, (size_t)N * (size_t)Out * sizeof *out);
     return;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, Out, In, 1.0f, inp, In, w, In, 0.0f, out, Out);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, Out, In, 1.0f, inp, In, w, In, 0.0f, out,
+              Out);
 }
 
 /* dinp(N, In) = dout(N, Out) · w(Out, In) (overwritten, skipped when NULL);
@@ -138,7 +143,8 @@ static void rmsnorm_fwd(float *restrict out, float *restrict rstd, const float *
 }
 
 /* dout, inp, dinp (N, C), w, dw (C), rstd (N):
- * dinp = rstd · (dout∘w) − rstd³/C · inp · Σ(dout∘w∘inp) (overwritten), dw += Σ_n dout∘inp·rstd */
+ * dinp = rstd · (dout∘w) − rstd³/C · inp · Σ(dout∘w∘inp) (overwritten);
+ * dw += Σ_n dout∘inp·rstd */
 static void rmsnorm_bwd(float *restrict dinp, float *restrict dw, const float *restrict dout,
                         const float *restrict inp, const float *restrict w,
                         const float *restrict rstd, int N, int C) {
@@ -204,8 +210,11 @@ static void rope_bwd(float *dx, int B, int S, int H, int D, float theta) {
 /* ---- attention -------------------------------------------------------------------------- */
 
 /* Local kv head used by local query head i (global q_first + i; group query heads per kv head). */
-static int kv_head_of(int i, int q_first, int kv_first, int group) {
-  return (q_first + i) / group - kv_first;
+static int kv_head_of(int i, int q_first, int kv_first, int group, int Hkv) {
+  int hk = (q_first + i) / group - kv_first;
+  assert(group > 0 && hk >= 0 && hk < Hkv); /* the shard holds the kv heads its queries use */
+  (void)Hkv;
+  return hk;
 }
 
 /* One query row over keys 0..last: out(D) = softmax(q·kᵀ·scale)·v, returning the log-sum-exp.
@@ -248,7 +257,7 @@ static void attention_fwd(float *restrict out, float *restrict lse, const float 
   size_t q_stride = (size_t)Hq * D, kv_stride = (size_t)Hkv * D;
   for (int b = 0; b < B; b++)
     for (int h = 0; h < Hq; h++) {
-      int hk = kv_head_of(h, q_first, kv_first, group);
+      int hk = kv_head_of(h, q_first, kv_first, group, Hkv);
       const float *k_bh = k + (size_t)b * S * kv_stride + (size_t)hk * D;
       const float *v_bh = v + (size_t)b * S * kv_stride + (size_t)hk * D;
       for (int t = 0; t < S; t++) {
@@ -293,7 +302,8 @@ static void attention_bwd(float *restrict dq, float *restrict dk, float *restric
   cpu_zero(dv, kv_bytes);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < Hq; h++) {
-      size_t kv_bh = (size_t)b * S * kv_stride + (size_t)kv_head_of(h, q_first, kv_first, group) * D;
+      int hk = kv_head_of(h, q_first, kv_first, group, Hkv);
+      size_t kv_bh = (size_t)b * S * kv_stride + (size_t)hk * D;
       for (int t = 0; t < S; t++) {
         size_t row = ((size_t)b * S + t) * q_stride + (size_t)h * D;
         attention_row_bwd(dq + row, dk + kv_bh, dv + kv_bh, dout + row, out + row,

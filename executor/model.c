@@ -176,13 +176,14 @@ static void carve_layer(ff_layer_acts *a, float **at, dims d) {
 }
 
 ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
-                             const ff_shard_spec *spec, int64_t micro_batch) {
+                             const ff_shard_spec *spec, int64_t micro_batch, int n_slots) {
   memset(mr, 0, sizeof *mr);
   mr->model = model;
   mr->k = k;
   mr->spec = *spec;
   mr->n_layers = spec->layer_end - spec->layer_first;
   mr->tokens = micro_batch * model->seq_len;
+  mr->n_slots = n_slots < 1 ? 1 : n_slots;
   if (model->tied_embeddings && spec->lm_head && !spec->embedding)
     return FF_ERR_INPUT; /* the caller explains: tied embeddings across stages */
   if (build_table(mr) != FF_OK)
@@ -198,21 +199,25 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   for (int i = 0; i < 3; i++)
     if (cand[i] > widest)
       widest = cand[i];
-  int64_t total = mr->n_layers * layer_acts_floats(d) + d.N * d.C * 2 + d.N * 4 + d.N * d.Vl +
-                  d.N * widest * 8;
+  int64_t slots = mr->n_slots;
+  int64_t total = slots * (mr->n_layers * layer_acts_floats(d) + d.N * d.C * 2) + d.N * d.C +
+                  d.N * 4 + d.N * d.Vl + d.N * widest * 8;
   mr->acts_block = k->alloc((size_t)total * sizeof(float));
-  mr->acts = calloc((size_t)(mr->n_layers ? mr->n_layers : 1), sizeof *mr->acts);
+  mr->acts = calloc((size_t)(slots * (mr->n_layers ? mr->n_layers : 1)), sizeof *mr->acts);
+  mr->tokens_in = malloc((size_t)(slots * d.N) * sizeof *mr->tokens_in);
   mr->inputs = malloc((size_t)d.N * sizeof *mr->inputs);
   mr->targets = malloc((size_t)d.N * sizeof *mr->targets);
   if (!mr->params || !mr->grads || !mr->m || !mr->v || !mr->acts_block || !mr->acts ||
-      !mr->inputs || !mr->targets) {
+      !mr->tokens_in || !mr->inputs || !mr->targets) {
     ff_model_rank_free(mr);
     return FF_ERR_RUNTIME;
   }
   float *at = mr->acts_block;
-  for (int64_t l = 0; l < mr->n_layers; l++)
-    carve_layer(&mr->acts[l], &at, d);
-  mr->x_final = carve(&at, d.N * d.C);
+  for (int64_t sl = 0; sl < slots; sl++)
+    for (int64_t l = 0; l < mr->n_layers; l++)
+      carve_layer(&mr->acts[sl * mr->n_layers + l], &at, d);
+  mr->x_final = carve(&at, slots * d.N * d.C);
+  mr->dx_final = carve(&at, slots * d.N * d.C);
   mr->h_final = carve(&at, d.N * d.C);
   mr->rstd_final = carve(&at, d.N);
   mr->row_max = carve(&at, d.N);
@@ -235,6 +240,7 @@ void ff_model_rank_free(ff_model_rank *mr) {
   }
   free(mr->acts);
   free(mr->tensors);
+  free(mr->tokens_in);
   free(mr->inputs);
   free(mr->targets);
   memset(mr, 0, sizeof *mr);
@@ -261,13 +267,31 @@ static float *tensor_at(const ff_model_rank *mr, const char *name, float *base) 
   return t ? base + t->offset : NULL;
 }
 
-static void forward_layer(ff_model_rank *mr, int64_t l, int64_t b, float *x_out) {
+/* The TP group's sum (or max) over a buffer; nothing for a group of one. */
+static void tp_sum(const ff_model_rank *mr, float *buf, int64_t n) {
+  if (mr->tp && mr->tp->size > 1)
+    mr->tp->allreduce_sum(mr->tp->ctx, buf, n);
+}
+
+static void tp_max(const ff_model_rank *mr, float *buf, int64_t n) {
+  if (mr->tp && mr->tp->size > 1)
+    mr->tp->allreduce_max(mr->tp->ctx, buf, n);
+}
+
+static ff_layer_acts *acts_of(ff_model_rank *mr, int slot, int64_t l) {
+  return &mr->acts[(int64_t)slot * mr->n_layers + l];
+}
+
+static float *slot_rows(float *base, int slot, int64_t tokens, int64_t C) {
+  return base + (int64_t)slot * tokens * C;
+}
+
+static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, int64_t l, int64_t b, float *x_out) {
   const ff_kernels *k = mr->k;
   const ff_model *m = mr->model;
   dims d = model_dims(mr, b * m->seq_len);
   int B = (int)b, S = (int)m->seq_len, N = (int)d.N, C = (int)d.C, D = (int)d.D;
   int Hl = (int)d.Hl, Kl = (int)d.Kl, Fl = (int)d.Fl;
-  ff_layer_acts *a = &mr->acts[l];
   layer_params w = layer_at(mr, l, mr->params);
   float *tmp = mr->scratch_a;
   k->rmsnorm_fwd(a->h1, a->rstd1, a->x_in, w.attn_norm, N, C, (float)m->norm_eps);
@@ -278,35 +302,37 @@ static void forward_layer(ff_model_rank *mr, int64_t l, int64_t b, float *x_out)
   k->rope_fwd(a->k, B, S, Kl, D, (float)m->rope_theta);
   k->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, S, Hl, Kl, D, (int)mr->spec.heads.first,
                    (int)mr->spec.kv_heads.first, (int)(m->heads / m->kv_heads));
-  k->matmul_fwd(tmp, a->att, w.wo, N, Hl * D, C); /* TP: all-reduce tmp */
+  k->matmul_fwd(tmp, a->att, w.wo, N, Hl * D, C);
+  tp_sum(mr, tmp, (int64_t)N * C); /* row-parallel Wo: the group sums its partial outputs */
   k->add(a->x_mid, a->x_in, tmp, (int64_t)N * C);
   k->rmsnorm_fwd(a->h2, a->rstd2, a->x_mid, w.mlp_norm, N, C, (float)m->norm_eps);
   k->matmul_fwd(a->gate, a->h2, w.w_gate, N, C, Fl);
   k->matmul_fwd(a->up, a->h2, w.w_up, N, C, Fl);
   k->swiglu_fwd(a->act, a->gate, a->up, (int64_t)N * Fl);
-  k->matmul_fwd(tmp, a->act, w.w_down, N, Fl, C); /* TP: all-reduce tmp */
+  k->matmul_fwd(tmp, a->act, w.w_down, N, Fl, C);
+  tp_sum(mr, tmp, (int64_t)N * C); /* row-parallel W_down */
   k->add(x_out, a->x_mid, tmp, (int64_t)N * C);
 }
 
 /* dx: in, the gradient of the layer's output; out, of its input. */
-static void backward_layer(ff_model_rank *mr, int64_t l, int64_t b, float *dx) {
+static void backward_layer(ff_model_rank *mr, ff_layer_acts *a, int64_t l, int64_t b, float *dx) {
   const ff_kernels *k = mr->k;
   const ff_model *m = mr->model;
   dims d = model_dims(mr, b * m->seq_len);
   int B = (int)b, S = (int)m->seq_len, N = (int)d.N, C = (int)d.C, D = (int)d.D;
   int Hl = (int)d.Hl, Kl = (int)d.Kl, Fl = (int)d.Fl;
   int64_t NC = (int64_t)N * C;
-  ff_layer_acts *a = &mr->acts[l];
   layer_params w = layer_at(mr, l, mr->params), g = layer_at(mr, l, mr->grads);
   float *dh = mr->scratch_b, *t = mr->scratch_c;
-  float *d1 = mr->scratch_a, *d2 = d1 + (int64_t)N * (Fl > Hl * D ? Fl : Hl * D),
-        *d3 = d2 + (int64_t)N * (Fl > Hl * D ? Fl : Hl * D);
-  /* x_out = x_mid + act·Wdᵀ: dx flows to x_mid unchanged (dx now holds d x_mid's first part) */
+  int64_t wide = (int64_t)N * (Fl > Hl * D ? Fl : Hl * D);
+  float *d1 = mr->scratch_a, *d2 = d1 + wide, *d3 = d2 + wide;
+  /* x_out = x_mid + act·Wdᵀ: dx flows to x_mid unchanged */
   k->matmul_bwd(d1, g.w_down, dx, a->act, w.w_down, N, Fl, C);      /* d1 = d act */
-  k->swiglu_bwd(d2, d3, d1, a->gate, a->up, (int64_t)N * Fl);       /* d2 = d gate, d3 = d up */
+  k->swiglu_bwd(d2, d3, d1, a->gate, a->up, (int64_t)N * Fl);       /* d gate, d up */
   k->matmul_bwd(dh, g.w_gate, d2, a->h2, w.w_gate, N, C, Fl);
   k->matmul_bwd(t, g.w_up, d3, a->h2, w.w_up, N, C, Fl);
-  k->accumulate(dh, t, NC);                                         /* TP: all-reduce dh */
+  k->accumulate(dh, t, NC);
+  tp_sum(mr, dh, NC); /* column-parallel gate/up: the group sums the input gradient */
   k->rmsnorm_bwd(t, g.mlp_norm, dh, a->x_mid, w.mlp_norm, a->rstd2, N, C);
   k->accumulate(dx, t, NC);                                         /* dx = d x_mid */
   /* x_mid = x_in + att·Woᵀ */
@@ -322,14 +348,15 @@ static void backward_layer(ff_model_rank *mr, int64_t l, int64_t b, float *dx) {
   k->matmul_bwd(t, g.wk, dk, a->h1, w.wk, N, C, Kl * D);
   k->accumulate(dh, t, NC);
   k->matmul_bwd(t, g.wv, dv, a->h1, w.wv, N, C, Kl * D);
-  k->accumulate(dh, t, NC);                                         /* TP: all-reduce dh */
+  k->accumulate(dh, t, NC);
+  tp_sum(mr, dh, NC); /* column-parallel q/k/v */
   k->rmsnorm_bwd(t, g.attn_norm, dh, a->x_in, w.attn_norm, a->rstd1, N, C);
   k->accumulate(dx, t, NC);                                         /* dx = d x_in */
 }
 
-/* Final norm, LM head and loss; leaves d x_final in dx. */
-static void head_forward_backward(ff_model_rank *mr, int64_t b, float grad_scale, float *dx,
-                                  double *loss_sum) {
+/* Final norm, LM head and loss over a vocabulary shard; leaves d x_final in dx. */
+static void head_forward_backward(ff_model_rank *mr, const float *x_final, int64_t b,
+                                  float grad_scale, float *dx, double *loss_sum) {
   const ff_kernels *k = mr->k;
   const ff_model *m = mr->model;
   dims d = model_dims(mr, b * m->seq_len);
@@ -338,47 +365,80 @@ static void head_forward_backward(ff_model_rank *mr, int64_t b, float grad_scale
   float *norm_g = tensor_at(mr, "final_norm", mr->grads);
   const char *head = m->tied_embeddings ? "embed" : "lm_head";
   float *head_w = tensor_at(mr, head, mr->params), *head_g = tensor_at(mr, head, mr->grads);
-  k->rmsnorm_fwd(mr->h_final, mr->rstd_final, mr->x_final, norm_w, N, C, (float)m->norm_eps);
+  k->rmsnorm_fwd(mr->h_final, mr->rstd_final, x_final, norm_w, N, C, (float)m->norm_eps);
   k->matmul_fwd(mr->logits, mr->h_final, head_w, N, C, V);
-  k->ce_row_max(mr->row_max, mr->logits, N, V);         /* TP: all-reduce max */
-  k->ce_row_sum(mr->row_sum, mr->logits, mr->row_max, N, V); /* TP: all-reduce sum */
+  k->ce_row_max(mr->row_max, mr->logits, N, V);
+  tp_max(mr, mr->row_max, N);
+  k->ce_row_sum(mr->row_sum, mr->logits, mr->row_max, N, V);
+  tp_sum(mr, mr->row_sum, N);
   k->zero(mr->loss, (size_t)N * sizeof(float));
   k->ce_loss_grad(mr->loss, mr->logits, mr->logits, mr->targets, mr->row_max, mr->row_sum, N, V,
                   (int)mr->spec.vocab.first, grad_scale);
   float *host_loss = malloc((size_t)N * sizeof *host_loss);
-  if (host_loss) {
+  if (host_loss) { /* each rank adds the losses of the targets in its vocabulary shard */
     k->to_host(host_loss, mr->loss, (size_t)N * sizeof *host_loss);
     for (int i = 0; i < N; i++)
       *loss_sum += host_loss[i];
     free(host_loss);
   }
   float *dh = mr->scratch_b;
-  k->matmul_bwd(dh, head_g, mr->logits, mr->h_final, head_w, N, C, V); /* TP: all-reduce dh */
-  k->rmsnorm_bwd(dx, norm_g, dh, mr->x_final, norm_w, mr->rstd_final, N, C);
+  k->matmul_bwd(dh, head_g, mr->logits, mr->h_final, head_w, N, C, V);
+  tp_sum(mr, dh, (int64_t)N * C); /* vocabulary-parallel head: sum the input gradient */
+  k->rmsnorm_bwd(dx, norm_g, dh, x_final, norm_w, mr->rstd_final, N, C);
+}
+
+void ff_model_rank_forward(ff_model_rank *mr, int slot, int64_t b, const int32_t *tokens,
+                           const float *x_in, const int32_t *targets, float grad_scale,
+                           float *x_out, double *loss_sum) {
+  const ff_kernels *k = mr->k;
+  int64_t N = b * mr->model->seq_len, C = mr->model->hidden;
+  float *first = mr->n_layers ? acts_of(mr, slot, 0)->x_in : slot_rows(mr->x_final, slot, mr->tokens, C);
+  if (mr->spec.embedding) {
+    int32_t *tok = mr->tokens_in + (int64_t)slot * mr->tokens;
+    memcpy(tok, tokens, (size_t)N * sizeof *tok);
+    k->embedding_fwd(first, tok, tensor_at(mr, "embed", mr->params), (int)N, (int)C,
+                     (int)mr->spec.vocab.first, (int)mr->spec.vocab.end);
+    tp_sum(mr, first, N * C); /* vocabulary-parallel embedding: each rank holds some rows */
+  } else {
+    k->to_device(first, x_in, (size_t)(N * C) * sizeof(float));
+  }
+  float *last = slot_rows(mr->x_final, slot, mr->tokens, C);
+  for (int64_t l = 0; l < mr->n_layers; l++)
+    forward_layer(mr, acts_of(mr, slot, l), l, b,
+                  l + 1 < mr->n_layers ? acts_of(mr, slot, l + 1)->x_in : last);
+  if (mr->spec.lm_head) {
+    memcpy(mr->targets, targets, (size_t)N * sizeof *targets);
+    head_forward_backward(mr, last, b, grad_scale, slot_rows(mr->dx_final, slot, mr->tokens, C),
+                          loss_sum);
+  } else if (x_out) {
+    k->to_host(x_out, last, (size_t)(N * C) * sizeof(float));
+  }
+}
+
+void ff_model_rank_backward(ff_model_rank *mr, int slot, int64_t b, const float *dx_in,
+                            float *dx_out) {
+  const ff_kernels *k = mr->k;
+  int64_t N = b * mr->model->seq_len, C = mr->model->hidden;
+  float *dx = slot_rows(mr->dx_final, slot, mr->tokens, C);
+  if (!mr->spec.lm_head)
+    k->to_device(dx, dx_in, (size_t)(N * C) * sizeof(float));
+  for (int64_t l = mr->n_layers - 1; l >= 0; l--)
+    backward_layer(mr, acts_of(mr, slot, l), l, b, dx);
+  if (mr->spec.embedding)
+    k->embedding_bwd(tensor_at(mr, "embed", mr->grads), dx, mr->tokens_in + (int64_t)slot * mr->tokens,
+                     (int)N, (int)C, (int)mr->spec.vocab.first, (int)mr->spec.vocab.end);
+  else if (dx_out)
+    k->to_host(dx_out, dx, (size_t)(N * C) * sizeof(float));
 }
 
 ff_status ff_model_rank_step_micro_batch(ff_model_rank *mr, const int32_t *inputs,
                                          const int32_t *targets, int64_t b, float grad_scale,
                                          double *loss_sum) {
-  const ff_kernels *k = mr->k;
   if (!mr->spec.embedding || !mr->spec.lm_head)
     return FF_ERR_INPUT; /* a partial stage runs under the distributed executor */
-  int64_t N = b * mr->model->seq_len, C = mr->model->hidden;
-  if (N > mr->tokens)
+  if (b * mr->model->seq_len > mr->tokens)
     return FF_ERR_INPUT;
-  memcpy(mr->inputs, inputs, (size_t)N * sizeof *inputs);
-  memcpy(mr->targets, targets, (size_t)N * sizeof *targets);
-  float *embed_w = tensor_at(mr, "embed", mr->params), *embed_g = tensor_at(mr, "embed", mr->grads);
-  float *x0 = mr->n_layers ? mr->acts[0].x_in : mr->x_final;
-  k->embedding_fwd(x0, mr->inputs, embed_w, (int)N, (int)C, (int)mr->spec.vocab.first,
-                   (int)mr->spec.vocab.end);
-  for (int64_t l = 0; l < mr->n_layers; l++)
-    forward_layer(mr, l, b, l + 1 < mr->n_layers ? mr->acts[l + 1].x_in : mr->x_final);
-  float *dx = mr->scratch_b + N * C; /* a separate region of scratch_b's second half */
-  head_forward_backward(mr, b, grad_scale, dx, loss_sum);
-  for (int64_t l = mr->n_layers - 1; l >= 0; l--)
-    backward_layer(mr, l, b, dx);
-  k->embedding_bwd(embed_g, dx, mr->inputs, (int)N, (int)C, (int)mr->spec.vocab.first,
-                   (int)mr->spec.vocab.end);
+  ff_model_rank_forward(mr, 0, b, inputs, NULL, targets, grad_scale, NULL, loss_sum);
+  ff_model_rank_backward(mr, 0, b, NULL, NULL);
   return FF_OK;
 }

@@ -40,31 +40,59 @@ typedef struct ff_layer_acts {
   float *x_in, *h1, *rstd1, *q, *k, *v, *att, *lse, *x_mid, *h2, *rstd2, *gate, *up, *act;
 } ff_layer_acts;
 
+/* Collectives of the rank's tensor-parallel group, where the model needs them; NULL (or a group
+ * of one) when the rank holds its layers whole. */
+typedef struct ff_tp_ops {
+  void *ctx;
+  int size;
+  void (*allreduce_sum)(void *ctx, float *buf, int64_t n);
+  void (*allreduce_max)(void *ctx, float *buf, int64_t n);
+} ff_tp_ops;
+
 typedef struct ff_model_rank {
   const ff_model *model;
   const ff_kernels *k;
+  const ff_tp_ops *tp;
   ff_shard_spec spec;
   int64_t n_layers;       /* layer_end - layer_first */
   ff_tensor *tensors;
   int n_tensors;
   int64_t n_params;       /* local floats */
   float *params, *grads, *m, *v;
-  /* activations for one micro-batch of up to `tokens` tokens */
+  /* activations of up to n_slots micro-batches in flight, each of up to `tokens` tokens */
   int64_t tokens;
-  ff_layer_acts *acts;
+  int n_slots;
+  ff_layer_acts *acts;      /* [slot * n_layers + layer] */
   float *acts_block;
-  float *x_final, *h_final, *rstd_final, *logits, *row_max, *row_sum, *loss;
+  float *x_final, *dx_final; /* per slot: the stage's output and (last stage) its gradient */
+  int32_t *tokens_in;        /* per slot: the input tokens (embedding stage) */
+  float *h_final, *rstd_final, *logits, *row_max, *row_sum, *loss;
   float *scratch_a, *scratch_b, *scratch_c; /* backward temporaries */
   int32_t *inputs, *targets;
 } ff_model_rank;
 
-/* Build the tensor table and allocate for micro-batches of `micro_batch` sequences. */
+/* Build the tensor table and allocate for `n_slots` micro-batches of `micro_batch` sequences in
+ * flight (1 for a whole model on one rank; the 1F1B in-flight count of the stage otherwise). */
 ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
-                             const ff_shard_spec *spec, int64_t micro_batch);
+                             const ff_shard_spec *spec, int64_t micro_batch, int n_slots);
 void ff_model_rank_free(ff_model_rank *mr);
 /* Initial weights from (seed, tensor name, element index in the logical tensor) alone. */
 void ff_model_rank_init_weights(ff_model_rank *mr, uint64_t seed);
 const ff_tensor *ff_model_rank_find(const ff_model_rank *mr, const char *name);
+
+/* Forward of one micro-batch of b sequences through this rank's stage, into activation `slot`.
+ * The first stage reads `tokens`, the others the activation x_in (b·S, h) from the previous
+ * stage; a middle stage writes its output to x_out. The last stage goes on through the final
+ * norm, LM head and loss over `targets` (token losses added to *loss_sum, gradients scaled by
+ * grad_scale) and keeps the gradient of its output for backward. */
+void ff_model_rank_forward(ff_model_rank *mr, int slot, int64_t b, const int32_t *tokens,
+                           const float *x_in, const int32_t *targets, float grad_scale,
+                           float *x_out, double *loss_sum);
+/* Backward of the micro-batch in `slot`: dx_in is the gradient of the stage's output (from the
+ * next stage; ignored on the last stage); the gradient of its input goes to dx_out (not on the
+ * first stage). Weight gradients accumulate. */
+void ff_model_rank_backward(ff_model_rank *mr, int slot, int64_t b, const float *dx_in,
+                            float *dx_out);
 
 /* One micro-batch of b sequences on a whole model (embedding through loss) on one rank:
  * forward, then backward accumulating gradients. Token losses are summed into *loss_sum;

@@ -15,6 +15,7 @@
 #include "ff_gpu.h"
 #include "ff_kernels.h"
 #include "ff_version.h"
+#include "dist.h"
 #include "train.h"
 
 #define ROLE_LINE 256
@@ -276,16 +277,27 @@ static int parse(int argc, char **argv, cli *c, bool *done) {
   return 0;
 }
 
-static int train(const cli *c, const ff_plan *plan, backend got) {
-  if (plan->n_ranks != 1 || launched_by_mpi()) {
-    fprintf(stderr, "ffrun: %s has %lld ranks; this version trains one-rank plans only (the "
-            "distributed executor is not built yet); --dry-run shows the roles\n", c->plan_file,
-            (long long)plan->n_ranks);
-    return FF_ERR_INPUT;
-  }
+static int train(cli *c, const ff_plan *plan, backend got, int *argc, char ***argv) {
   if (got == BACKEND_CUDA)
     fprintf(stderr, "ffrun: the CUDA compute backend is not built yet; training on the CPU\n");
-  return ff_train_one_rank(plan, ff_kernels_cpu(c->threads), &c->train);
+  if (!launched_by_mpi()) {
+    if (plan->n_ranks != 1) {
+      fprintf(stderr, "ffrun: %s has %lld ranks: start it with mpirun -np %lld\n", c->plan_file,
+              (long long)plan->n_ranks, (long long)plan->n_ranks);
+      return FF_ERR_INPUT;
+    }
+    return ff_train_one_rank(plan, ff_kernels_cpu(c->threads), &c->train);
+  }
+  MPI_Init(argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0)
+    c->train.quiet = true; /* one progress line per step, from rank 0 */
+  int rc = ff_train_distributed(plan, ff_kernels_cpu(c->threads), &c->train);
+  if (rc != FF_OK)
+    MPI_Abort(MPI_COMM_WORLD, rc);
+  MPI_Finalize();
+  return rc;
 }
 
 int main(int argc, char **argv) {
@@ -312,7 +324,7 @@ int main(int argc, char **argv) {
   } else if (!c.dry) {
     if (c.backend == BACKEND_AUTO && got == BACKEND_CPU && !c.train.quiet)
       fprintf(stderr, "ffrun: no GPU answers, using the CPU backend\n");
-    rc = train(&c, &plan, got);
+    rc = train(&c, &plan, got, &argc, &argv);
   } else if (launched_by_mpi()) {
     MPI_Init(&argc, &argv);
     rc = dry_run_mpi(&plan, got, note);

@@ -1,0 +1,39 @@
+/* comm.h — the communication backends' one interface, a table of functions like the kernels':
+ * collectives over groups, point-to-point transfers inside the world group, and splitting groups.
+ * This version has the MPI backend on host buffers (comm_mpi.c); an NCCL backend on device buffers
+ * fits the same table. Every rank issues its collectives in the same global order: the callers
+ * walk lists that every rank computes identically from the plan. */
+#ifndef FF_EXEC_COMM_H
+#define FF_EXEC_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ff_group ff_group;
+typedef struct ff_request ff_request;
+
+typedef struct ff_comm_backend {
+  const char *name;
+  ff_group *(*world)(void);
+  int (*rank)(const ff_group *g);
+  int (*size)(const ff_group *g);
+  /* A subgroup: ranks calling with the same color (>= 0) form one, ordered by key; color < 0
+   * gives NULL. Every rank of the parent must call. */
+  ff_group *(*split)(ff_group *parent, int color, int key);
+  void (*release)(ff_group *g);
+  void (*allreduce_sum)(ff_group *g, float *buf, int64_t n);
+  void (*allreduce_max)(ff_group *g, float *buf, int64_t n);
+  void (*allreduce_sum_f64)(ff_group *g, double *buf, int64_t n);
+  void (*allgather)(ff_group *g, const void *mine, void *all, size_t bytes);
+  void (*bcast)(ff_group *g, void *buf, size_t bytes, int root);
+  /* Point to point between world ranks; send does not block (wait on the request before the
+   * buffer is reused), recv does. */
+  ff_request *(*isend)(const void *buf, size_t bytes, int dst, int tag);
+  void (*recv)(void *buf, size_t bytes, int src, int tag);
+  void (*wait)(ff_request *r);
+  void (*abort)(int status);
+} ff_comm_backend;
+
+const ff_comm_backend *ff_comm_mpi(void);
+
+#endif

@@ -1,0 +1,668 @@
+/* dist.c — training a plan of several ranks under MPI: every rank finds its role (pipeline,
+ * stage, TP index), builds its shard of the model, runs its stage's 1F1B (or GPipe) order of
+ * forwards and backwards, exchanges activations and their gradients with the neighbouring
+ * stages, and joins the gradient sums its parameters take part in.
+ *
+ * Groups come from the plan, not from formulas. A stage's TP group is its ranks. Data
+ * parallelism is per element of every logical tensor: the elements are cut into segments at
+ * every shard boundary of every pipeline, and each segment is summed over the ranks that hold it
+ * — so pipelines that split a layer differently (other stage, other TP degree, other head or FFN
+ * split) still sum exactly the same logical gradient. Ranks that hold the same element inside
+ * one pipeline (replicated norm weights, a kv head shared by two ranks' query heads) have equal
+ * copies by then, so each contributes 1/k of its copy. Every rank walks the same global list of
+ * segments, so collectives are issued in the same order everywhere by construction. */
+#define _POSIX_C_SOURCE 200809L
+#include "dist.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "checkpoint.h"
+#include "comm.h"
+#include "data.h"
+#include "ff_cost.h"
+#include "model.h"
+
+#define MAX_SEG_GROUPS 4096
+
+typedef struct seg {
+  int desc;             /* index into the global list of logical tensors */
+  int tensor;           /* my tensor index, or -1 when I do not hold the segment */
+  bool cols;            /* the segment runs along columns */
+  int64_t a, b;         /* its range along that dimension, logical */
+  ff_group *group;      /* the holders across pipelines (NULL: I am not one, or alone) */
+  float weight;         /* 1 / holders of the segment in my pipeline */
+  bool norm_owner;      /* I count it in the global gradient norm (pipeline 0, lowest TP) */
+  int owner;            /* world rank that sends it for checkpoints */
+} seg;
+
+typedef struct group_cache {
+  char *key;
+  ff_group *group;
+} group_cache;
+
+typedef struct dist {
+  const ff_plan *plan;
+  const ff_kernels *k;
+  const ff_comm_backend *c;
+  const ff_train_opts *o;
+  int rank, p, s, t;
+  const ff_plan_pipeline *pl;
+  const ff_plan_stage *st;
+  int64_t first_seq;
+  ff_group *world, *tp;
+  ff_tp_ops tp_ops;
+  ff_model_rank mr;
+  ff_data data;
+  seg *segs;
+  int n_segs;
+  struct tensor_desc *tds;
+  int n_tds;
+  group_cache cache[MAX_SEG_GROUPS];
+  int n_cache;
+  float *send_fwd, *send_bwd, *recv_buf;
+  ff_request **req_fwd, **req_bwd; /* per slot × receivers */
+  int n_prev, n_next;
+  char model_digest[32];
+  FILE *metrics;
+} dist;
+
+/* ---- TP hooks --------------------------------------------------------------------------- */
+
+static void tp_sum(void *ctx, float *buf, int64_t n) {
+  dist *d = ctx;
+  d->c->allreduce_sum(d->tp, buf, n);
+}
+
+static void tp_max(void *ctx, float *buf, int64_t n) {
+  dist *d = ctx;
+  d->c->allreduce_max(d->tp, buf, n);
+}
+
+/* ---- roles and slices ------------------------------------------------------------------- */
+
+static void find_role(dist *d) {
+  for (int p = 0; p < d->plan->n_pipelines; p++) {
+    const ff_plan_pipeline *pl = &d->plan->pipelines[p];
+    for (int s = 0; s < pl->n_stages; s++)
+      for (int t = 0; t < pl->stages[s].n_ranks; t++)
+        if (pl->stages[s].ranks[t].rank == d->rank) {
+          d->p = p, d->s = s, d->t = t, d->pl = pl, d->st = &pl->stages[s];
+          return;
+        }
+  }
+}
+
+/* Where a logical tensor of a layer (or the embedding / head) lives in pipeline q. */
+static const ff_plan_stage *holder_stage(const ff_plan_pipeline *pl, int64_t layer, int kind) {
+  if (kind == 1)
+    return &pl->stages[0];
+  if (kind == 2)
+    return &pl->stages[pl->n_stages - 1];
+  for (int s = 0; s < pl->n_stages; s++)
+    if (pl->stages[s].layers.first <= layer && layer < pl->stages[s].layers.end)
+      return &pl->stages[s];
+  return NULL;
+}
+
+typedef struct tensor_desc {
+  char name[48];
+  int64_t layer;  /* -1 for embedding and head tensors */
+  int kind;       /* 0 layer, 1 embedding stage, 2 LM-head stage */
+  int which;      /* 0 replicated, 1 rows by heads, 2 rows by kv heads, 3 cols by heads,
+                     4 rows by ffn, 5 cols by ffn, 6 rows by vocab */
+  int64_t extent; /* of the sharded dimension (or the vector length) */
+} tensor_desc;
+
+static int64_t slice_first(const tensor_desc *td, const ff_plan_rank *r, int64_t D) {
+  switch (td->which) {
+  case 1: case 3: return r->heads.first * D;
+  case 2: return r->kv_heads.first * D;
+  case 4: case 5: return r->ffn.first;
+  case 6: return r->vocab.first;
+  default: return 0;
+  }
+}
+
+static int64_t slice_end(const tensor_desc *td, const ff_plan_rank *r, int64_t D) {
+  switch (td->which) {
+  case 1: case 3: return r->heads.end * D;
+  case 2: return r->kv_heads.end * D;
+  case 4: case 5: return r->ffn.end;
+  case 6: return r->vocab.end;
+  default: return td->extent;
+  }
+}
+
+/* Every logical tensor of the model, in the one global order. */
+static int all_tensors(const ff_model *m, tensor_desc *out) {
+  int n = 0;
+  int64_t D = m->hidden / m->heads;
+  out[n++] = (tensor_desc){"embed", -1, 1, 6, m->vocab};
+  for (int64_t l = 0; l < m->layers; l++) {
+    static const char *const names[] = {"attn_norm", "wq", "wk", "wv", "wo", "mlp_norm",
+                                        "w_gate", "w_up", "w_down"};
+    static const int which[] = {0, 1, 2, 2, 3, 0, 4, 4, 5};
+    for (int i = 0; i < 9; i++) {
+      tensor_desc *td = &out[n++];
+      snprintf(td->name, sizeof td->name, "layers.%lld.%s", (long long)l, names[i]);
+      td->layer = l;
+      td->kind = 0;
+      td->which = which[i];
+      td->extent = which[i] == 0 ? m->hidden : which[i] == 1 || which[i] == 3 ? m->heads * D
+                   : which[i] == 2 ? m->kv_heads * D : m->ffn_hidden;
+    }
+  }
+  out[n++] = (tensor_desc){"final_norm", -1, 2, 0, m->hidden};
+  if (!m->tied_embeddings)
+    out[n++] = (tensor_desc){"lm_head", -1, 2, 6, m->vocab};
+  return n;
+}
+
+/* ---- segments and their groups ---------------------------------------------------------- */
+
+static ff_group *group_for(dist *d, const int *members, int n, bool mine) {
+  char key[4096];
+  size_t j = 0;
+  for (int i = 0; i < n && j + 12 < sizeof key; i++)
+    j += (size_t)snprintf(key + j, sizeof key - j, "%d,", members[i]);
+  for (int i = 0; i < d->n_cache; i++)
+    if (strcmp(d->cache[i].key, key) == 0)
+      return d->cache[i].group;
+  /* every rank reaches this point for the same keys in the same order */
+  ff_group *g = d->c->split(d->world, mine ? 0 : -1, d->rank);
+  if (d->n_cache < MAX_SEG_GROUPS) {
+    d->cache[d->n_cache].key = strdup(key);
+    d->cache[d->n_cache].group = g;
+    d->n_cache++;
+  }
+  return g;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Cut one tensor into segments and append them (ranks: scratch for the holders). */
+static void add_segments(dist *d, int desc, int *members, int64_t *cuts) {
+  const tensor_desc *td = &d->tds[desc];
+  const ff_plan *plan = d->plan;
+  int64_t D = plan->model.hidden / plan->model.heads;
+  int n_cuts = 0;
+  for (int q = 0; q < plan->n_pipelines; q++) {
+    const ff_plan_stage *st = holder_stage(&plan->pipelines[q], td->layer, td->kind);
+    for (int t = 0; st && t < st->n_ranks; t++) {
+      cuts[n_cuts++] = slice_first(td, &st->ranks[t], D);
+      cuts[n_cuts++] = slice_end(td, &st->ranks[t], D);
+    }
+  }
+  qsort(cuts, (size_t)n_cuts, sizeof *cuts, cmp_i64);
+  const ff_tensor *mine = ff_model_rank_find(&d->mr, td->name);
+  for (int c = 0; c + 1 < n_cuts; c++) {
+    int64_t a = cuts[c], b = cuts[c + 1];
+    if (a == b)
+      continue;
+    int n = 0, in_my_pipe = 0, owner = -1;
+    bool member = false;
+    for (int q = 0; q < plan->n_pipelines; q++) {
+      const ff_plan_stage *st = holder_stage(&plan->pipelines[q], td->layer, td->kind);
+      for (int t = 0; st && t < st->n_ranks; t++) {
+        const ff_plan_rank *r = &st->ranks[t];
+        if (slice_first(td, r, D) > a || slice_end(td, r, D) < b)
+          continue;
+        members[n++] = (int)r->rank;
+        member |= r->rank == d->rank;
+        in_my_pipe += q == d->p;
+        if (q == 0 && owner < 0)
+          owner = (int)r->rank;
+      }
+    }
+    seg *sg = &d->segs[d->n_segs++];
+    sg->desc = desc;
+    sg->tensor = member && mine ? (int)(mine - d->mr.tensors) : -1;
+    sg->cols = td->which == 3 || td->which == 5;
+    sg->a = a;
+    sg->b = b;
+    sg->weight = in_my_pipe > 0 ? 1.0f / (float)in_my_pipe : 1.0f;
+    sg->norm_owner = owner == d->rank;
+    sg->owner = owner;
+    sg->group = n > 1 ? group_for(d, members, n, member) : NULL;
+  }
+}
+
+static ff_status build_segments(dist *d) {
+  const ff_model *m = &d->plan->model;
+  int cap_t = (int)m->layers * 9 + 3;
+  tensor_desc *tds = malloc((size_t)cap_t * sizeof *tds);
+  int n_t = tds ? all_tensors(m, tds) : 0;
+  int64_t ranks = d->plan->n_ranks;
+  int *members = malloc((size_t)ranks * sizeof *members);
+  int64_t *cuts = malloc((size_t)ranks * 2 * sizeof *cuts);
+  d->segs = calloc((size_t)n_t * (size_t)(2 * ranks + 1), sizeof *d->segs);
+  if (!tds || !members || !cuts || !d->segs) {
+    free(tds), free(members), free(cuts);
+    return FF_ERR_RUNTIME;
+  }
+  d->tds = tds;
+  d->n_tds = n_t;
+  for (int i = 0; i < n_t; i++)
+    add_segments(d, i, members, cuts);
+  free(members), free(cuts);
+  return FF_OK;
+}
+
+/* ---- gradient synchronisation ----------------------------------------------------------- */
+
+/* Copy a segment of tensor t (in block `base`) in or out of a packed buffer (scaled on the way
+ * out). */
+static int64_t pack(const ff_tensor *t, const seg *sg, float *base, float *buf, bool out, float w) {
+  int64_t width = t->col_end - t->col_first, n = 0;
+  int64_t r0 = sg->cols ? t->row_first : sg->a, r1 = sg->cols ? t->row_end : sg->b;
+  int64_t c0 = sg->cols ? sg->a : t->col_first, c1 = sg->cols ? sg->b : t->col_end;
+  for (int64_t r = r0; r < r1; r++) {
+    float *row = base + t->offset + (r - t->row_first) * width + (c0 - t->col_first);
+    for (int64_t c = 0; c < c1 - c0; c++, n++) {
+      if (out)
+        buf[n] = row[c] * w;
+      else
+        row[c] = buf[n];
+    }
+  }
+  return n;
+}
+
+static int64_t seg_pack(const dist *d, const seg *sg, float *base, float *buf, bool out, float w) {
+  return pack(&d->mr.tensors[sg->tensor], sg, base, buf, out, w);
+}
+
+/* kv heads shared by two ranks' query heads: each holds a partial gradient of their rows. */
+static void sum_shared_kv(dist *d, float *buf) {
+  const ff_plan_stage *st = d->st;
+  bool shared = false;
+  for (int i = 1; i < st->n_ranks; i++)
+    shared |= st->ranks[i].kv_heads.first < st->ranks[i - 1].kv_heads.end;
+  if (!shared)
+    return;
+  for (int i = 0; i < d->mr.n_tensors; i++) {
+    const ff_tensor *t = &d->mr.tensors[i];
+    size_t len = strlen(t->name);
+    if (len < 3 || (strcmp(t->name + len - 3, ".wk") != 0 && strcmp(t->name + len - 3, ".wv") != 0))
+      continue;
+    int64_t full = t->rows * t->cols;
+    memset(buf, 0, (size_t)full * sizeof *buf);
+    memcpy(buf + t->row_first * t->cols, d->mr.grads + t->offset, (size_t)t->numel * sizeof *buf);
+    d->c->allreduce_sum(d->tp, buf, full);
+    memcpy(d->mr.grads + t->offset, buf + t->row_first * t->cols, (size_t)t->numel * sizeof *buf);
+  }
+}
+
+/* Sum every segment over its holders; returns this rank's share of Σ g² (counted once). */
+static double sync_gradients(dist *d, float *buf) {
+  sum_shared_kv(d, buf);
+  double sumsq = 0;
+  for (int i = 0; i < d->n_segs; i++) {
+    seg *sg = &d->segs[i];
+    if (sg->tensor < 0)
+      continue;
+    if (sg->group) {
+      int64_t n = seg_pack(d, sg, d->mr.grads, buf, true, sg->weight);
+      d->c->allreduce_sum(sg->group, buf, n);
+      seg_pack(d, sg, d->mr.grads, buf, false, 1.0f);
+    }
+    if (sg->norm_owner) {
+      int64_t n = seg_pack(d, sg, d->mr.grads, buf, true, 1.0f);
+      for (int64_t j = 0; j < n; j++)
+        sumsq += (double)buf[j] * buf[j];
+    }
+  }
+  return sumsq;
+}
+
+/* ---- stage boundaries ------------------------------------------------------------------- */
+
+static ff_span chunk(int64_t total, int parts, int i) {
+  int64_t base = total / parts, extra = total % parts;
+  int64_t first = i * base + (i < extra ? i : extra);
+  return (ff_span){first, first + base + (i < extra ? 1 : 0)};
+}
+
+/* Send my chunk of a full activation (held by every rank of my stage) to every rank of the
+ * neighbouring stage; the chunks of all my stage's ranks make up the whole tensor. */
+static void send_to(dist *d, const ff_plan_stage *to, const float *buf, int64_t n, int tag,
+                    ff_request **reqs) {
+  ff_span my = chunk(n, d->st->n_ranks, d->t);
+  for (int r = 0; r < to->n_ranks; r++) {
+    d->c->wait(reqs[r]);
+    reqs[r] = d->c->isend(buf + my.first, (size_t)(my.end - my.first) * sizeof *buf,
+                          (int)to->ranks[r].rank, tag);
+  }
+}
+
+static void recv_from(dist *d, const ff_plan_stage *from, float *buf, int64_t n, int tag) {
+  for (int r = 0; r < from->n_ranks; r++) {
+    ff_span part = chunk(n, from->n_ranks, r);
+    d->c->recv(buf + part.first, (size_t)(part.end - part.first) * sizeof *buf,
+               (int)from->ranks[r].rank, tag);
+  }
+}
+
+/* ---- one step --------------------------------------------------------------------------- */
+
+static int64_t warmup(int p, int s, int64_t m, ff_schedule sch) {
+  if (sch == FF_SCHEDULE_GPIPE)
+    return m;
+  int64_t w = p - s - 1;
+  return w < m ? w : m;
+}
+
+static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, double *loss) {
+  const ff_plan *plan = d->plan;
+  int64_t b = d->pl->micro_batch_size, S = plan->model.seq_len, N = b * S, C = plan->model.hidden;
+  int slot = (int)(j % d->mr.n_slots);
+  int32_t *in = d->mr.inputs, *tg = d->mr.targets;
+  if (d->st->embedding || d->st->lm_head)
+    for (int64_t i = 0; i < b; i++)
+      ff_data_sequence(&d->data, step, d->first_seq + j * b + i, plan->training.global_batch, S,
+                       in + i * S, tg + i * S);
+  const float *x_in = NULL;
+  if (!d->st->embedding) {
+    recv_from(d, &d->pl->stages[d->s - 1], d->recv_buf, N * C, (int)(j * 2));
+    x_in = d->recv_buf;
+  }
+  float *out = d->st->lm_head ? NULL : d->send_fwd + (int64_t)slot * N * C;
+  if (out) /* the buffer may still be on its way to the next stage from n_slots ago */
+    for (int r = 0; r < d->n_next; r++) {
+      d->c->wait(d->req_fwd[slot * d->n_next + r]);
+      d->req_fwd[slot * d->n_next + r] = NULL;
+    }
+  ff_model_rank_forward(&d->mr, slot, b, in, x_in, tg, grad_scale, out, loss);
+  if (out)
+    send_to(d, &d->pl->stages[d->s + 1], out, N * C, (int)(j * 2), d->req_fwd + slot * d->n_next);
+}
+
+static void run_backward(dist *d, int64_t j) {
+  int64_t b = d->pl->micro_batch_size, N = b * d->plan->model.seq_len, C = d->plan->model.hidden;
+  int slot = (int)(j % d->mr.n_slots);
+  const float *dx_in = NULL;
+  if (!d->st->lm_head) {
+    recv_from(d, &d->pl->stages[d->s + 1], d->recv_buf, N * C, (int)(j * 2 + 1));
+    dx_in = d->recv_buf;
+  }
+  float *out = d->st->embedding ? NULL : d->send_bwd + (int64_t)slot * N * C;
+  if (out)
+    for (int r = 0; r < d->n_prev; r++) {
+      d->c->wait(d->req_bwd[slot * d->n_prev + r]);
+      d->req_bwd[slot * d->n_prev + r] = NULL;
+    }
+  ff_model_rank_backward(&d->mr, slot, b, dx_in, out);
+  if (out)
+    send_to(d, &d->pl->stages[d->s - 1], out, N * C, (int)(j * 2 + 1), d->req_bwd + slot * d->n_prev);
+}
+
+/* The stage's operations in 1F1B (or GPipe) order; returns this rank's loss sum. */
+static double run_schedule(dist *d, int64_t step) {
+  int64_t m = d->pl->micro_batches;
+  int64_t w = warmup(d->pl->n_stages, d->s, m, d->plan->training.schedule);
+  float scale = 1.0f / (float)(d->plan->training.global_batch * d->plan->model.seq_len);
+  double loss = 0;
+  for (int64_t j = 0; j < w; j++)
+    run_forward(d, step, j, scale, &loss);
+  for (int64_t k = 0; k < m - w; k++) {
+    run_forward(d, step, w + k, scale, &loss);
+    run_backward(d, k);
+  }
+  for (int64_t j = m - w; j < m; j++)
+    run_backward(d, j);
+  for (int i = 0; i < d->mr.n_slots * d->n_next; i++) {
+    d->c->wait(d->req_fwd[i]);
+    d->req_fwd[i] = NULL;
+  }
+  for (int i = 0; i < d->mr.n_slots * d->n_prev; i++) {
+    d->c->wait(d->req_bwd[i]);
+    d->req_bwd[i] = NULL;
+  }
+  return loss;
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double train_step(dist *d, int64_t step, float *buf, double *norm_out, double *lr_out) {
+  const ff_training *t = &d->plan->training;
+  d->k->zero(d->mr.grads, (size_t)d->mr.n_params * sizeof(float));
+  double sums[2] = {run_schedule(d, step - 1), 0};
+  sums[1] = sync_gradients(d, buf);
+  d->c->allreduce_sum_f64(d->world, sums, 2);
+  double norm = sqrt(sums[1]);
+  double clip = t->grad_clip > 0 && norm > t->grad_clip ? t->grad_clip / norm : 1.0;
+  double lr = ff_learning_rate(t, step, t->steps);
+  for (int i = 0; i < d->mr.n_tensors; i++) {
+    const ff_tensor *x = &d->mr.tensors[i];
+    d->k->adamw(d->mr.params + x->offset, d->mr.grads + x->offset, d->mr.m + x->offset,
+                d->mr.v + x->offset, x->numel, (float)lr, (float)t->beta1, (float)t->beta2,
+                (float)t->eps, x->decay ? (float)t->weight_decay : 0.0f, step, (float)clip);
+  }
+  *norm_out = norm;
+  *lr_out = lr;
+  return sums[0] / (double)(t->global_batch * d->plan->model.seq_len);
+}
+
+/* ---- checkpoints: gather the logical tensors on rank 0 ---------------------------------- */
+
+/* Every segment's owner (its holder in pipeline 0) sends parameters and moments to rank 0,
+ * which assembles the whole model and writes it like a one-rank run. */
+static ff_status save(dist *d, int64_t step, float *buf) {
+  ff_model_rank full;
+  ff_shard_spec spec = {0, d->plan->model.layers, true, true, {0, d->plan->model.heads},
+                        {0, d->plan->model.kv_heads}, {0, d->plan->model.ffn_hidden},
+                        {0, d->plan->model.vocab}};
+  bool root = d->rank == 0;
+  if (root && ff_model_rank_init(&full, &d->plan->model, d->k, &spec, 1, 1) != FF_OK)
+    d->c->abort(1);
+  for (int i = 0; i < d->n_segs; i++) {
+    seg *sg = &d->segs[i];
+    float *mine[3] = {d->mr.params, d->mr.m, d->mr.v};
+    for (int w = 0; w < 3; w++) {
+      int tag = (1 << 24) + i * 3 + w;
+      int64_t n = 0;
+      if (sg->owner == d->rank) {
+        n = seg_pack(d, sg, mine[w], buf, true, 1.0f);
+        if (!root)
+          d->c->wait(d->c->isend(buf, (size_t)n * sizeof *buf, 0, tag));
+      }
+      if (!root)
+        continue;
+      const ff_tensor *t = ff_model_rank_find(&full, d->tds[sg->desc].name);
+      float *theirs[3] = {full.params, full.m, full.v};
+      int64_t len = (sg->b - sg->a) * (sg->cols ? t->rows : t->cols);
+      if (sg->owner != 0)
+        d->c->recv(buf, (size_t)len * sizeof *buf, sg->owner, tag);
+      pack(t, sg, theirs[w], buf, false, 1.0f);
+    }
+  }
+  ff_status st = FF_OK;
+  if (root) {
+    ff_ckpt_meta meta = {step, (uint64_t)d->plan->training.seed, "", ""};
+    snprintf(meta.model_name, sizeof meta.model_name, "%s", d->plan->model.name);
+    snprintf(meta.model_digest, sizeof meta.model_digest, "%s", d->model_digest);
+    char path[4096];
+    ff_diag dg;
+    ff_diag_init(&dg, d->o->checkpoint_dir);
+    mkdir(d->o->checkpoint_dir, 0755);
+    st = ff_checkpoint_save(d->o->checkpoint_dir, &full, &meta, false, &dg, path, sizeof path);
+    ff_diag_print(&dg, stderr);
+    ff_diag_free(&dg);
+    if (st == FF_OK && !d->o->quiet)
+      fprintf(stderr, "checkpoint: %s\n", path);
+    ff_model_rank_free(&full);
+  }
+  int ok = st == FF_OK;
+  d->c->bcast(d->world, &ok, sizeof ok, 0);
+  return ok ? FF_OK : FF_ERR_RUNTIME;
+}
+
+static ff_status resume(dist *d, int64_t *done) {
+  char path[4096];
+  *done = 0;
+  if (ff_checkpoint_latest(d->o->checkpoint_dir, path, sizeof path) != FF_OK)
+    return FF_OK;
+  ff_ckpt_meta meta;
+  ff_diag dg;
+  ff_diag_init(&dg, path);
+  ff_status st = ff_checkpoint_load(path, &d->mr, d->model_digest, &meta, &dg);
+  if (d->rank == 0)
+    ff_diag_print(&dg, stderr);
+  ff_diag_free(&dg);
+  if (st == FF_OK) {
+    *done = meta.step;
+    if (d->rank == 0 && !d->o->quiet)
+      fprintf(stderr, "ffrun: resumed from %s at step %lld\n", path, (long long)meta.step);
+  }
+  return st;
+}
+
+/* ---- setup and the loop ----------------------------------------------------------------- */
+
+/* Every rank must have read the same plan: compare digests of its canonical form. */
+static ff_status agree_on_plan(dist *d) {
+  cJSON *tree = ff_plan_to_json(d->plan);
+  char mine[32], *all = malloc((size_t)d->plan->n_ranks * 32);
+  ff_digest_json(tree, mine);
+  cJSON_Delete(tree);
+  if (!all)
+    return FF_ERR_RUNTIME;
+  d->c->allgather(d->world, mine, all, 32);
+  ff_status st = FF_OK;
+  for (int64_t r = 0; r < d->plan->n_ranks; r++)
+    if (strcmp(all + r * 32, all) != 0) {
+      if (d->rank == 0)
+        fprintf(stderr, "ffrun: rank %lld read a different plan (%s) than rank 0 (%s)\n",
+                (long long)r, all + r * 32, all);
+      st = FF_ERR_INPUT;
+    }
+  free(all);
+  return st;
+}
+
+static ff_status setup(dist *d) {
+  const ff_plan *plan = d->plan;
+  find_role(d);
+  for (int q = 0; q < d->p; q++)
+    d->first_seq += plan->pipelines[q].batch;
+  const ff_plan_rank *me = &d->st->ranks[d->t];
+  ff_shard_spec spec = {d->st->layers.first, d->st->layers.end, d->st->embedding, d->st->lm_head,
+                        me->heads, me->kv_heads, me->ffn, me->vocab};
+  int64_t stage_id = 0;
+  for (int q = 0; q < d->p; q++)
+    stage_id += plan->pipelines[q].n_stages;
+  d->tp = d->c->split(d->world, (int)(stage_id + d->s), d->t);
+  d->tp_ops = (ff_tp_ops){d, d->st->n_ranks, tp_sum, tp_max};
+  int slots = (int)ff_sim_in_flight(plan->training.schedule, d->pl->n_stages, d->s, d->pl->micro_batches);
+  if (ff_model_rank_init(&d->mr, &plan->model, d->k, &spec, d->pl->micro_batch_size, slots) != FF_OK)
+    return FF_ERR_RUNTIME;
+  d->mr.tp = &d->tp_ops;
+  ff_model_rank_init_weights(&d->mr, (uint64_t)plan->training.seed);
+  cJSON *mj = ff_model_to_json(&plan->model, false);
+  ff_digest_json(mj, d->model_digest);
+  cJSON_Delete(mj);
+  d->n_next = d->s + 1 < d->pl->n_stages ? d->pl->stages[d->s + 1].n_ranks : 0;
+  d->n_prev = d->s > 0 ? d->pl->stages[d->s - 1].n_ranks : 0;
+  int64_t NC = d->pl->micro_batch_size * plan->model.seq_len * plan->model.hidden;
+  d->send_fwd = malloc((size_t)(slots * NC) * sizeof(float));
+  d->send_bwd = malloc((size_t)(slots * NC) * sizeof(float));
+  d->recv_buf = malloc((size_t)NC * sizeof(float));
+  d->req_fwd = calloc((size_t)(slots * (d->n_next + 1)), sizeof *d->req_fwd);
+  d->req_bwd = calloc((size_t)(slots * (d->n_prev + 1)), sizeof *d->req_bwd);
+  if (!d->send_fwd || !d->send_bwd || !d->recv_buf || !d->req_fwd || !d->req_bwd)
+    return FF_ERR_RUNTIME;
+  return build_segments(d);
+}
+
+static void report(dist *d, int64_t step, double loss, double norm, double lr, double seconds) {
+  if (d->rank != 0)
+    return;
+  double tokens = (double)(d->plan->training.global_batch * d->plan->model.seq_len);
+  if (d->metrics) {
+    fprintf(d->metrics, "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+            "\"step_seconds\": %.6g, \"tokens_per_second\": %.6g, \"ranks\": %lld}\n",
+            (long long)step, loss, lr, norm, seconds, tokens / seconds, (long long)d->plan->n_ranks);
+    fflush(d->metrics);
+  }
+  if (!d->o->quiet)
+    fprintf(stderr, "step %lld | loss %.4f | lr %.3g | grad norm %.3f | %.0f tokens/s | %lld ranks\n",
+            (long long)step, loss, lr, norm, tokens / seconds, (long long)d->plan->n_ranks);
+}
+
+static void teardown(dist *d) {
+  ff_model_rank_free(&d->mr);
+  ff_data_free(&d->data);
+  free(d->segs), free(d->tds), free(d->send_fwd), free(d->send_bwd), free(d->recv_buf);
+  free(d->req_fwd), free(d->req_bwd);
+  for (int i = 0; i < d->n_cache; i++) {
+    d->c->release(d->cache[i].group);
+    free(d->cache[i].key);
+  }
+  d->c->release(d->tp);
+  if (d->metrics)
+    fclose(d->metrics);
+}
+
+ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const ff_train_opts *o) {
+  static dist d; /* large (the group cache); one per process, used by main() alone */
+  memset(&d, 0, sizeof d);
+  d.plan = plan, d.k = k, d.o = o, d.c = ff_comm_mpi();
+  d.world = d.c->world();
+  d.rank = d.c->rank(d.world);
+  if (d.c->size(d.world) != plan->n_ranks) {
+    if (d.rank == 0)
+      fprintf(stderr, "ffrun: the plan has %lld ranks but %d processes were started (use mpirun "
+              "-np %lld)\n", (long long)plan->n_ranks, d.c->size(d.world), (long long)plan->n_ranks);
+    return FF_ERR_INPUT;
+  }
+  ff_status st = agree_on_plan(&d);
+  if (st != FF_OK)
+    return st;
+  ff_diag dg;
+  ff_diag_init(&dg, o->data_file);
+  st = ff_data_load(&d.data, o->data_file, o->text, plan->model.vocab, plan->model.seq_len, &dg);
+  if (d.rank == 0)
+    ff_diag_print(&dg, stderr);
+  ff_diag_free(&dg);
+  if (st == FF_OK)
+    st = setup(&d);
+  int64_t widest = plan->model.vocab * plan->model.hidden;
+  for (int i = 0; i < d.mr.n_tensors; i++)
+    if (d.mr.tensors[i].rows * d.mr.tensors[i].cols > widest)
+      widest = d.mr.tensors[i].rows * d.mr.tensors[i].cols;
+  float *buf = st == FF_OK ? malloc((size_t)widest * sizeof *buf) : NULL;
+  if (st == FF_OK && !buf)
+    st = FF_ERR_RUNTIME;
+  int64_t done = 0;
+  if (st == FF_OK && o->resume && o->checkpoint_dir)
+    st = resume(&d, &done);
+  if (st == FF_OK && o->checkpoint_dir && done == 0)
+    st = save(&d, 0, buf);
+  if (st == FF_OK && d.rank == 0 && o->metrics_file &&
+      !(d.metrics = fopen(o->metrics_file, done ? "a" : "w")))
+    d.c->abort(FF_ERR_INPUT);
+  int64_t stop = o->steps > 0 ? o->steps : plan->training.steps;
+  for (int64_t step = done + 1; st == FF_OK && step <= stop; step++) {
+    double norm, lr, start = now();
+    double loss = train_step(&d, step, buf, &norm, &lr);
+    report(&d, step, loss, norm, lr, now() - start);
+    bool last = step == stop;
+    if (o->checkpoint_dir && (last || (o->checkpoint_every > 0 && step % o->checkpoint_every == 0)))
+      st = save(&d, step, buf);
+  }
+  free(buf);
+  teardown(&d);
+  return st;
+}

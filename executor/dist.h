@@ -1,0 +1,12 @@
+/* dist.h — training a plan of several ranks under MPI (see dist.c). */
+#ifndef FF_EXEC_DIST_H
+#define FF_EXEC_DIST_H
+
+#include "ff_format.h"
+#include "ff_kernels.h"
+#include "train.h"
+
+/* Run this process's rank of the plan; MPI must be initialised. Returns an exit status. */
+ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const ff_train_opts *o);
+
+#endif

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# test_distributed.sh FFRUN — the executor's central test: every plan in tests/plans/ trains the
+# same model as one rank does. Each plan runs 5 steps under mpirun (one process per rank, up to
+# 8, oversubscribed on the CPU backend); the loss at every step and every final weight must agree
+# with the one-rank run to relative 1e-5. Then: 3 steps under one plan, a checkpoint, and 3 more
+# under another plan equal 6 steps on one rank; and a killed rank ends the whole job with a
+# non-zero status within 60 s, leaving the last checkpoint intact.
+set -u
+ffrun=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# LeakSanitizer cannot follow Open MPI's threads.
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+failures=0
+checks=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+compare=tests/reference/compare_checkpoints.py
+ranks() { grep -c '"rank":' "$1"; }
+
+losses_agree() { # reference metrics, metrics
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+bad = len(a) != len(b) or any(abs(x - y) > 1e-5 * abs(x) for x, y in zip(a, b))
+print("losses %s: %s" % ("differ" if bad else "agree", " ".join("%.7f" % y for y in b)))
+sys.exit(1 if bad else 0)
+PY
+}
+
+# The one-rank reference: 6 steps, a checkpoint at every step.
+"$ffrun" tests/plans/one-rank.json --text LICENSE --steps 6 --quiet --metrics "$tmp/ref6.jsonl" \
+  --checkpoint-dir "$tmp/ref" --checkpoint-every 1 || fail "the one-rank run"
+head -5 "$tmp/ref6.jsonl" >"$tmp/ref5.jsonl"
+
+for plan in tests/plans/*.json; do
+  name=$(basename "$plan" .json)
+  n=$(ranks "$plan")
+  checks=$((checks + 1))
+  if ! timeout 300 mpirun -np "$n" "$ffrun" "$plan" --text LICENSE --steps 5 --quiet \
+      --metrics "$tmp/$name.jsonl" --checkpoint-dir "$tmp/$name" >"$tmp/$name.log" 2>&1; then
+    fail "$name ($n ranks) did not train"; tail -5 "$tmp/$name.log"; continue
+  fi
+  checks=$((checks + 2))
+  echo "$name ($n ranks): $(losses_agree "$tmp/ref5.jsonl" "$tmp/$name.jsonl")" || fail "$name: losses"
+  losses_agree "$tmp/ref5.jsonl" "$tmp/$name.jsonl" >/dev/null || fail "$name: losses differ from one rank"
+  python3 "$compare" "$tmp/$name/step-00000005.safetensors" "$tmp/ref/step-00000005.safetensors" >"$tmp/cmp" ||
+    { fail "$name: final weights differ from one rank"; cat "$tmp/cmp"; }
+done
+[ "$(ls tests/plans/*.json | wc -l)" -ge 10 ] || fail "fewer than ten plans"
+
+# Resume under another plan: 3 steps under A, 3 more under B == 6 steps on one rank.
+a=tests/plans/everything.json
+b=tests/plans/pp4-tp-1-2-4-1.json
+checks=$((checks + 2))
+mpirun -np "$(ranks "$a")" "$ffrun" "$a" --text LICENSE --steps 3 --quiet --metrics "$tmp/ab.jsonl" \
+  --checkpoint-dir "$tmp/ab" >/dev/null 2>&1 || fail "resume: the first plan"
+mpirun -np "$(ranks "$b")" "$ffrun" "$b" --text LICENSE --steps 6 --quiet --metrics "$tmp/ab.jsonl" \
+  --checkpoint-dir "$tmp/ab" --resume >/dev/null 2>&1 || fail "resume: the second plan"
+losses_agree "$tmp/ref6.jsonl" "$tmp/ab.jsonl" >/dev/null || fail "resume under another plan: losses differ"
+python3 "$compare" "$tmp/ab/step-00000006.safetensors" "$tmp/ref/step-00000006.safetensors" >/dev/null ||
+  fail "resume under another plan: weights differ"
+
+# A launch that does not match the plan is refused.
+checks=$((checks + 1))
+mpirun -np 2 "$ffrun" tests/plans/tp4-gqa.json --text LICENSE --steps 1 --quiet >"$tmp/np.log" 2>&1 &&
+  fail "a launch with the wrong number of processes trained"
+grep -q "the plan has 4 ranks but 2 processes were started" "$tmp/np.log" || fail "the wrong process count is not explained"
+
+# A killed rank ends the job within 60 s, non-zero, and the last checkpoint stays intact.
+checks=$((checks + 3))
+mpirun -np 4 "$ffrun" tests/plans/tp4-gqa.json --text LICENSE --steps 100000 --quiet \
+  --checkpoint-dir "$tmp/kill" --checkpoint-every 1 >"$tmp/kill.log" 2>&1 &
+job=$!
+for _ in $(seq 100); do ls "$tmp/kill"/step-00000002.safetensors >/dev/null 2>&1 && break; sleep 0.2; done
+victim=$(pgrep -f "ffrun tests/plans/tp4-gqa.json" | grep -v "^$job\$" | tail -1)
+kill -9 "$victim" 2>/dev/null
+start=$(date +%s)
+while kill -0 "$job" 2>/dev/null && [ $(($(date +%s) - start)) -lt 60 ]; do sleep 0.5; done
+if kill -0 "$job" 2>/dev/null; then
+  fail "the job still runs 60 s after a rank was killed"; kill -9 "$job"
+fi
+wait "$job"
+[ $? -ne 0 ] || fail "the job exited 0 after a rank was killed"
+last=$(ls "$tmp/kill"/step-*.safetensors | tail -1)
+python3 "$compare" "$last" "$last" >/dev/null || fail "the last checkpoint ($last) is not readable"
+
+echo "distributed: $checks checks, $failures failed"
+[ "$failures" -eq 0 ]

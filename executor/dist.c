@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "comm.h"
@@ -69,18 +70,28 @@ typedef struct dist {
   int n_prev, n_next;
   char model_digest[32];
   FILE *metrics;
+  /* seconds of the current step, by kind (compute, p2p, tp, dp, optimizer) */
+  double t_compute, t_p2p, t_tp, t_dp, t_opt;
+  ff_plan_eval eval; /* the cost model's predictions, for the metrics */
+  bool have_eval;
 } dist;
+
+static double now(void);
 
 /* ---- TP hooks --------------------------------------------------------------------------- */
 
 static void tp_sum(void *ctx, float *buf, int64_t n) {
   dist *d = ctx;
+  double t = now();
   d->c->allreduce_sum(d->tp, buf, n);
+  d->t_tp += now() - t;
 }
 
 static void tp_max(void *ctx, float *buf, int64_t n) {
   dist *d = ctx;
+  double t = now();
   d->c->allreduce_max(d->tp, buf, n);
+  d->t_tp += now() - t;
 }
 
 /* ---- roles and slices ------------------------------------------------------------------- */
@@ -335,20 +346,26 @@ static ff_span chunk(int64_t total, int parts, int i) {
  * neighbouring stage; the chunks of all my stage's ranks make up the whole tensor. */
 static void send_to(dist *d, const ff_plan_stage *to, const float *buf, int64_t n, int tag,
                     ff_request **reqs) {
+  double t0 = now();
   ff_span my = chunk(n, d->st->n_ranks, d->t);
   for (int r = 0; r < to->n_ranks; r++) {
     d->c->wait(reqs[r]);
     reqs[r] = d->c->isend(buf + my.first, (size_t)(my.end - my.first) * sizeof *buf,
                           (int)to->ranks[r].rank, tag);
   }
+  d->t_p2p += now() - t0;
 }
 
+/* Time spent here counts as p2p: waiting for the previous stage is the pipeline's bubble too,
+ * which the metrics separate by subtracting the cost of the transfer itself. */
 static void recv_from(dist *d, const ff_plan_stage *from, float *buf, int64_t n, int tag) {
+  double t0 = now();
   for (int r = 0; r < from->n_ranks; r++) {
     ff_span part = chunk(n, from->n_ranks, r);
     d->c->recv(buf + part.first, (size_t)(part.end - part.first) * sizeof *buf,
                (int)from->ranks[r].rank, tag);
   }
+  d->t_p2p += now() - t0;
 }
 
 /* ---- one step --------------------------------------------------------------------------- */
@@ -380,7 +397,9 @@ static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, doub
       d->c->wait(d->req_fwd[slot * d->n_next + r]);
       d->req_fwd[slot * d->n_next + r] = NULL;
     }
+  double t0 = now(), tp0 = d->t_tp;
   ff_model_rank_forward(&d->mr, slot, b, in, x_in, tg, grad_scale, out, loss);
+  d->t_compute += now() - t0 - (d->t_tp - tp0);
   if (out)
     send_to(d, &d->pl->stages[d->s + 1], out, N * C, (int)(j * 2), d->req_fwd + slot * d->n_next);
 }
@@ -399,7 +418,9 @@ static void run_backward(dist *d, int64_t j) {
       d->c->wait(d->req_bwd[slot * d->n_prev + r]);
       d->req_bwd[slot * d->n_prev + r] = NULL;
     }
+  double t0 = now(), tp0 = d->t_tp;
   ff_model_rank_backward(&d->mr, slot, b, dx_in, out);
+  d->t_compute += now() - t0 - (d->t_tp - tp0);
   if (out)
     send_to(d, &d->pl->stages[d->s - 1], out, N * C, (int)(j * 2 + 1), d->req_bwd + slot * d->n_prev);
 }
@@ -437,10 +458,14 @@ static double now(void) {
 
 static double train_step(dist *d, int64_t step, float *buf, double *norm_out, double *lr_out) {
   const ff_training *t = &d->plan->training;
+  d->t_compute = d->t_p2p = d->t_tp = d->t_dp = d->t_opt = 0;
   d->k->zero(d->mr.grads, (size_t)d->mr.n_params * sizeof(float));
   double sums[2] = {run_schedule(d, step - 1), 0};
+  double t0 = now();
   sums[1] = sync_gradients(d, buf);
   d->c->allreduce_sum_f64(d->world, sums, 2);
+  d->t_dp = now() - t0;
+  t0 = now();
   double norm = sqrt(sums[1]);
   double clip = t->grad_clip > 0 && norm > t->grad_clip ? t->grad_clip / norm : 1.0;
   double lr = ff_learning_rate(t, step, t->steps);
@@ -450,6 +475,7 @@ static double train_step(dist *d, int64_t step, float *buf, double *norm_out, do
                 d->mr.v + x->offset, x->numel, (float)lr, (float)t->beta1, (float)t->beta2,
                 (float)t->eps, x->decay ? (float)t->weight_decay : 0.0f, step, (float)clip);
   }
+  d->t_opt = now() - t0;
   *norm_out = norm;
   *lr_out = lr;
   return sums[0] / (double)(t->global_batch * d->plan->model.seq_len);
@@ -552,6 +578,46 @@ static ff_status agree_on_plan(dist *d) {
   return st;
 }
 
+/* When the plan names this launch's hosts, every rank must run on the node the plan gives it.
+ * Plans of emulated local clusters (node names that are no host of the launch) are run wherever
+ * the launcher put them, with a notice. Device types are checked by the GPU backend. */
+static ff_status check_placement(dist *d) {
+  char mine[64] = {0}, *all = malloc((size_t)d->plan->n_ranks * sizeof mine);
+  if (!all)
+    return FF_ERR_RUNTIME;
+  gethostname(mine, sizeof mine - 1);
+  d->c->allgather(d->world, mine, all, sizeof mine);
+  bool named = true; /* every node the plan uses is a host of this launch */
+  for (int64_t r = 0; r < d->plan->n_ranks && named; r++) {
+    const ff_plan_rank *rk = NULL;
+    for (int p = 0; p < d->plan->n_pipelines && !rk; p++)
+      for (int s = 0; s < d->plan->pipelines[p].n_stages && !rk; s++)
+        for (int t = 0; t < d->plan->pipelines[p].stages[s].n_ranks; t++)
+          if (d->plan->pipelines[p].stages[s].ranks[t].rank == r)
+            rk = &d->plan->pipelines[p].stages[s].ranks[t];
+    bool found = false;
+    for (int64_t q = 0; q < d->plan->n_ranks && !found; q++)
+      found = strcmp(all + q * sizeof mine, d->plan->cluster.nodes[rk->node].name) == 0;
+    named = found;
+  }
+  ff_status st = FF_OK;
+  const char *want = d->plan->cluster.nodes[d->st->ranks[d->t].node].name;
+  if (named && strcmp(mine, want) != 0) {
+    fprintf(stderr, "ffrun: rank %d runs on host \"%s\" but the plan places it on node \"%s\" "
+            "(use the plan's rankfile: ffplan hostfile)\n", d->rank, mine, want);
+    st = FF_ERR_INPUT;
+  } else if (!named && d->rank == 0 && !d->o->quiet) {
+    fprintf(stderr, "ffrun: the plan's nodes are not the hosts of this launch (an emulated "
+            "cluster); placement is not checked\n");
+  }
+  free(all);
+  int ok = st == FF_OK, all_ok = 0;
+  float f = ok ? 0.0f : 1.0f;
+  d->c->allreduce_sum(d->world, &f, 1);
+  all_ok = f == 0.0f;
+  return all_ok ? FF_OK : FF_ERR_INPUT;
+}
+
 static ff_status setup(dist *d) {
   const ff_plan *plan = d->plan;
   find_role(d);
@@ -586,22 +652,64 @@ static ff_status setup(dist *d) {
   return build_segments(d);
 }
 
+enum { T_COMPUTE, T_P2P, T_TP, T_DP, T_OPT, T_TOTAL, T_KINDS };
+
+/* Per-stage times of a step (from each stage's first rank) with the cost model's predictions. */
+static void write_stages(dist *d, const double *all) {
+  const ff_plan *plan = d->plan;
+  fprintf(d->metrics, ", \"stages\": [");
+  bool first = true;
+  for (int p = 0; p < plan->n_pipelines; p++)
+    for (int s = 0; s < plan->pipelines[p].n_stages; s++) {
+      const ff_plan_pipeline *pl = &plan->pipelines[p];
+      const double *x = all + plan->pipelines[p].stages[s].ranks[0].rank * T_KINDS;
+      double busy = x[T_COMPUTE] + x[T_P2P] + x[T_TP] + x[T_DP] + x[T_OPT];
+      fprintf(d->metrics, "%s{\"pipeline\": %d, \"stage\": %d, \"compute_seconds\": %.6g, "
+              "\"p2p_seconds\": %.6g, \"tp_seconds\": %.6g, \"dp_seconds\": %.6g, "
+              "\"bubble_seconds\": %.6g", first ? "" : ", ", p, s, x[T_COMPUTE], x[T_P2P],
+              x[T_TP], x[T_DP], x[T_TOTAL] > busy ? x[T_TOTAL] - busy : 0.0);
+      if (d->have_eval) {
+        const ff_stage_eval *se = &d->eval.pipelines[p].stages[s];
+        const ff_rank_eval *re = &d->eval.ranks[pl->stages[s].ranks[0].rank];
+        double mb = (double)pl->micro_batches;
+        fprintf(d->metrics, ", \"predicted\": {\"compute_seconds\": %.6g, \"p2p_seconds\": %.6g, "
+                "\"tp_seconds\": %.6g, \"dp_seconds\": %.6g, \"bubble_seconds\": %.6g}",
+                mb * (re->compute_fwd_seconds + re->compute_bwd_seconds + re->recompute_seconds),
+                mb * (se->send_fwd_seconds + se->send_bwd_seconds), mb * re->tp_seconds,
+                se->dp_seconds, se->bubble_seconds);
+      }
+      fprintf(d->metrics, "}");
+      first = false;
+    }
+  fprintf(d->metrics, "]");
+}
+
 static void report(dist *d, int64_t step, double loss, double norm, double lr, double seconds) {
-  if (d->rank != 0)
-    return;
+  double mine[T_KINDS] = {d->t_compute, d->t_p2p, d->t_tp, d->t_dp, d->t_opt, seconds};
+  double *all = malloc((size_t)d->plan->n_ranks * sizeof mine);
+  if (!all)
+    d->c->abort(1);
+  d->c->allgather(d->world, mine, all, sizeof mine);
   double tokens = (double)(d->plan->training.global_batch * d->plan->model.seq_len);
-  if (d->metrics) {
+  if (d->rank == 0 && d->metrics) {
     fprintf(d->metrics, "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-            "\"step_seconds\": %.6g, \"tokens_per_second\": %.6g, \"ranks\": %lld}\n",
-            (long long)step, loss, lr, norm, seconds, tokens / seconds, (long long)d->plan->n_ranks);
+            "\"step_seconds\": %.6g, \"tokens_per_second\": %.6g, \"ranks\": %lld, "
+            "\"predicted\": {\"iteration_seconds\": %.6g}", (long long)step, loss, lr, norm,
+            seconds, tokens / seconds, (long long)d->plan->n_ranks,
+            d->have_eval ? d->eval.iteration_seconds : 0.0);
+    write_stages(d, all);
+    fprintf(d->metrics, "}\n");
     fflush(d->metrics);
   }
-  if (!d->o->quiet)
+  if (d->rank == 0 && !d->o->quiet)
     fprintf(stderr, "step %lld | loss %.4f | lr %.3g | grad norm %.3f | %.0f tokens/s | %lld ranks\n",
             (long long)step, loss, lr, norm, tokens / seconds, (long long)d->plan->n_ranks);
+  free(all);
 }
 
 static void teardown(dist *d) {
+  if (d->have_eval)
+    ff_plan_eval_free(&d->eval);
   ff_model_rank_free(&d->mr);
   ff_data_free(&d->data);
   free(d->segs), free(d->tds), free(d->send_fwd), free(d->send_bwd), free(d->recv_buf);
@@ -621,6 +729,7 @@ ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const f
   d.plan = plan, d.k = k, d.o = o, d.c = ff_comm_mpi();
   d.world = d.c->world();
   d.rank = d.c->rank(d.world);
+  d.have_eval = ff_evaluate_plan(plan, &d.eval) == FF_OK;
   if (d.c->size(d.world) != plan->n_ranks) {
     if (d.rank == 0)
       fprintf(stderr, "ffrun: the plan has %lld ranks but %d processes were started (use mpirun "
@@ -629,6 +738,9 @@ ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const f
   }
   ff_status st = agree_on_plan(&d);
   if (st != FF_OK)
+    return st;
+  find_role(&d);
+  if ((st = check_placement(&d)) != FF_OK)
     return st;
   ff_diag dg;
   ff_diag_init(&dg, o->data_file);

@@ -322,7 +322,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ffrun: --backend cuda, but %s\n", note);
     rc = FF_ERR_RUNTIME;
   } else if (!c.dry) {
-    if (c.backend == BACKEND_AUTO && got == BACKEND_CPU && !c.train.quiet)
+    const char *world_rank = getenv("OMPI_COMM_WORLD_RANK");
+    bool first = !world_rank || strcmp(world_rank, "0") == 0;
+    if (c.backend == BACKEND_AUTO && got == BACKEND_CPU && !c.train.quiet && first)
       fprintf(stderr, "ffrun: no GPU answers, using the CPU backend\n");
     rc = train(&c, &plan, got, &argc, &argv);
   } else if (launched_by_mpi()) {

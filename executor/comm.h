@@ -25,12 +25,17 @@ typedef struct ff_comm_backend {
   void (*allreduce_max)(ff_group *g, float *buf, int64_t n);
   void (*allreduce_sum_f64)(ff_group *g, double *buf, int64_t n);
   void (*allgather)(ff_group *g, const void *mine, void *all, size_t bytes);
+  /* recv(n) = the group's sum of the block of send(n · size) that belongs to this rank */
+  void (*reduce_scatter_sum)(ff_group *g, const float *send, float *recv, int64_t n);
   void (*bcast)(ff_group *g, void *buf, size_t bytes, int root);
   /* Point to point between world ranks; send does not block (wait on the request before the
    * buffer is reused), recv does. */
   ff_request *(*isend)(const void *buf, size_t bytes, int dst, int tag);
   void (*recv)(void *buf, size_t bytes, int src, int tag);
   void (*wait)(ff_request *r);
+  /* Bracket a batch of point-to-point calls (NCCL groups them; MPI needs nothing). */
+  void (*group_start)(void);
+  void (*group_end)(void);
   void (*abort)(int status);
 } ff_comm_backend;
 

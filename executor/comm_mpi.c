@@ -79,6 +79,12 @@ static void allgather(ff_group *g, const void *mine, void *all, size_t bytes) {
   MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, g->comm);
 }
 
+static void reduce_scatter_sum(ff_group *g, const float *send, float *recv, int64_t n) {
+  MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, g->comm);
+}
+
+static void group_nothing(void) {}
+
 static void bcast(ff_group *g, void *buf, size_t bytes, int root) {
   MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g->comm);
 }
@@ -106,6 +112,7 @@ static void abort_job(int status) { MPI_Abort(MPI_COMM_WORLD, status); }
 
 static const ff_comm_backend mpi_backend = {
     "mpi", world, rank, size, split, release, allreduce_sum, allreduce_max, allreduce_sum_f64,
-    allgather, bcast, isend, recv, wait, abort_job};
+    allgather, reduce_scatter_sum, bcast, isend, recv, wait, group_nothing, group_nothing,
+    abort_job};
 
 const ff_comm_backend *ff_comm_mpi(void) { return &mpi_backend; }

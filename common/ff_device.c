@@ -131,6 +131,8 @@ ff_status ff_device_from_json(const cJSON *v, const char *path, bool inline_ok, 
     out->runtime_reserve_gib = out->memory_gib / 2; /* a tiny device keeps half for itself */
   }
   ok &= ff_jobj_text(&o, "source", true, 4096, &out->source);
+  if (ff_jobj_get(&o, "emulated_slowdown", false))
+    ok &= ff_jobj_num(&o, "emulated_slowdown", false, FF_CLOSED(1, 1000), &out->emulated_slowdown);
 
   const cJSON *measured = ff_jobj_get(&o, "measured", false);
   if (measured) {
@@ -185,6 +187,8 @@ cJSON *ff_device_to_json(const ff_device *dev, bool with_format) {
   cJSON_AddNumberToObject(o, "runtime_reserve_gib", dev->runtime_reserve_gib);
   if (dev->source)
     cJSON_AddStringToObject(o, "source", dev->source);
+  if (dev->emulated_slowdown > 0)
+    cJSON_AddNumberToObject(o, "emulated_slowdown", dev->emulated_slowdown);
   if (dev->has_measured) {
     cJSON *m = cJSON_AddObjectToObject(o, "measured");
     cJSON *gemm = cJSON_AddArrayToObject(m, "gemm");

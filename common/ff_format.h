@@ -71,6 +71,7 @@ typedef struct ff_device {
   double memory_bandwidth_gb_per_s;
   double peak_tflops[FF_DTYPE_COUNT]; /* 0: the device has no such unit */
   double runtime_reserve_gib;
+  double emulated_slowdown; /* ≥ 1 on an emulated device (tests and demos), else 0 (absent) */
   bool has_measured;
   ff_gemm_measure *gemm;
   int n_gemm;

@@ -74,6 +74,7 @@ typedef struct dist {
   double t_compute, t_p2p, t_tp, t_dp, t_opt;
   ff_plan_eval eval; /* the cost model's predictions, for the metrics */
   bool have_eval;
+  double throttle;   /* > 1: an emulated slower device (see ff_throttle) */
 } dist;
 
 static double now(void);
@@ -399,7 +400,9 @@ static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, doub
     }
   double t0 = now(), tp0 = d->t_tp;
   ff_model_rank_forward(&d->mr, slot, b, in, x_in, tg, grad_scale, out, loss);
-  d->t_compute += now() - t0 - (d->t_tp - tp0);
+  double spent = now() - t0 - (d->t_tp - tp0);
+  ff_throttle(d->throttle, spent);
+  d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);
   if (out)
     send_to(d, &d->pl->stages[d->s + 1], out, N * C, (int)(j * 2), d->req_fwd + slot * d->n_next);
 }
@@ -420,7 +423,9 @@ static void run_backward(dist *d, int64_t j) {
     }
   double t0 = now(), tp0 = d->t_tp;
   ff_model_rank_backward(&d->mr, slot, b, dx_in, out);
-  d->t_compute += now() - t0 - (d->t_tp - tp0);
+  double spent = now() - t0 - (d->t_tp - tp0);
+  ff_throttle(d->throttle, spent);
+  d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);
   if (out)
     send_to(d, &d->pl->stages[d->s - 1], out, N * C, (int)(j * 2 + 1), d->req_bwd + slot * d->n_prev);
 }
@@ -475,6 +480,7 @@ static double train_step(dist *d, int64_t step, float *buf, double *norm_out, do
                 d->mr.v + x->offset, x->numel, (float)lr, (float)t->beta1, (float)t->beta2,
                 (float)t->eps, x->decay ? (float)t->weight_decay : 0.0f, step, (float)clip);
   }
+  ff_throttle(d->throttle, now() - t0);
   d->t_opt = now() - t0;
   *norm_out = norm;
   *lr_out = lr;
@@ -742,6 +748,7 @@ ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const f
   find_role(&d);
   if ((st = check_placement(&d)) != FF_OK)
     return st;
+  d.throttle = ff_throttle_factor(o, d.rank, &plan->cluster.devices[d.st->ranks[d.t].device]);
   ff_diag dg;
   ff_diag_init(&dg, o->data_file);
   st = ff_data_load(&d.data, o->data_file, o->text, plan->model.vocab, plan->model.seq_len, &dg);

@@ -16,6 +16,7 @@
 #include "ff_kernels.h"
 #include "ff_version.h"
 #include "dist.h"
+#include "profile.h"
 #include "train.h"
 
 #define ROLE_LINE 256
@@ -27,6 +28,8 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: ffrun PLAN (--data FILE | --text FILE) [options]   train a one-rank plan\n"
           "       ffrun --dry-run PLAN                                 print each rank's role\n"
+          "       mpirun -np N ffrun profile -o CLUSTER [--model M] [--throttle R=F,...]\n"
+          "                                       measure the machines into a cluster profile\n"
           "       mpirun -np N ffrun --dry-run PLAN\n"
           "\n"
           "Executes a plan written by ffplan: each MPI rank takes its pipeline stage and tensor\n"
@@ -44,6 +47,9 @@ static void usage(FILE *out) {
           "  --checkpoint-gradients  also save each checkpointed step's gradients (verification)\n"
           "  --metrics FILE          one JSON line per step\n"
           "  --threads N             BLAS threads for this rank (default 1)\n"
+          "  --throttle R=F,...      emulate slower devices: rank R waits (F-1) x the time of its\n"
+          "                          compute (a test and demo device; a device type's\n"
+          "                          emulated_slowdown does the same for its ranks)\n"
           "  --quiet                 no progress lines\n"
           "  --dry-run               print the role of each rank and the backend it would use\n"
           "  --backend B             auto (GPU when one answers, else CPU), cpu, or cuda\n"
@@ -194,6 +200,31 @@ static const char *value(int argc, char **argv, int *i) {
   return argv[++*i];
 }
 
+/* "RANK=FACTOR,RANK=FACTOR": emulated slowdowns by world rank. */
+static int parse_throttle(const char *v, ff_train_opts *o) {
+  static double table[4096];
+  const char *p = v;
+  while (*p) {
+    char *end;
+    long rank = strtol(p, &end, 10);
+    if (end == p || *end != '=' || rank < 0 || rank >= 4096)
+      goto bad;
+    double f = strtod(end + 1, &end);
+    if (!(f >= 1 && f <= 1000) || (*end && *end != ','))
+      goto bad;
+    table[rank] = f;
+    if (rank + 1 > o->n_throttle)
+      o->n_throttle = (int)rank + 1;
+    p = *end ? end + 1 : end;
+  }
+  o->throttle_by_rank = table;
+  return 0;
+bad:
+  fprintf(stderr, "ffrun: --throttle expects RANK=FACTOR[,RANK=FACTOR...] with ranks below 4096 "
+          "and factors from 1 to 1000, got \"%s\"\n", v);
+  return 1;
+}
+
 /* 0 to go on, else the exit status (help and version exit 0 through *done). */
 static int parse(int argc, char **argv, cli *c, bool *done) {
   memset(c, 0, sizeof *c);
@@ -216,6 +247,9 @@ static int parse(int argc, char **argv, cli *c, bool *done) {
       c->train.quiet = true;
     } else if (strcmp(a, "--checkpoint-gradients") == 0) {
       c->train.checkpoint_gradients = true;
+    } else if (strcmp(a, "--throttle") == 0) {
+      if (!(v = value(argc, argv, &i)) || parse_throttle(v, &c->train) != 0)
+        return FF_ERR_INPUT;
     } else if (strcmp(a, "--backend") == 0 || strcmp(a, "--data") == 0 || strcmp(a, "--text") == 0 ||
                strcmp(a, "--steps") == 0 || strcmp(a, "--checkpoint-dir") == 0 ||
                strcmp(a, "--checkpoint-every") == 0 || strcmp(a, "--metrics") == 0 ||
@@ -300,7 +334,38 @@ static int train(cli *c, const ff_plan *plan, backend got, int *argc, char ***ar
   return rc;
 }
 
+/* ffrun profile -o FILE [--model M] [--throttle R=F,...] [--quiet] */
+static int profile_main(int argc, char **argv) {
+  ff_train_opts o;
+  memset(&o, 0, sizeof o);
+  const char *out = NULL, *model = NULL;
+  for (int i = 2; i < argc; i++) {
+    const char *v;
+    if (strcmp(argv[i], "-o") == 0 && (v = value(argc, argv, &i)))
+      out = v;
+    else if (strcmp(argv[i], "--model") == 0 && (v = value(argc, argv, &i)))
+      model = v;
+    else if (strcmp(argv[i], "--throttle") == 0 && (v = value(argc, argv, &i))) {
+      if (parse_throttle(v, &o) != 0)
+        return FF_ERR_INPUT;
+    } else if (strcmp(argv[i], "--quiet") == 0)
+      o.quiet = true;
+    else {
+      fprintf(stderr, "ffrun profile: unexpected argument \"%s\" (usage: ffrun profile -o FILE "
+              "[--model M] [--throttle R=F,...])\n", argv[i]);
+      return FF_ERR_INPUT;
+    }
+  }
+  if (!out) {
+    fprintf(stderr, "ffrun profile: -o FILE is required\n");
+    return FF_ERR_INPUT;
+  }
+  return ff_profile(argc, argv, &o, out, model);
+}
+
 int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "profile") == 0)
+    return profile_main(argc, argv);
   cli c;
   bool done = false;
   int rc = parse(argc, argv, &c, &done);

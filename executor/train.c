@@ -22,6 +22,21 @@ static double now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+double ff_throttle_factor(const ff_train_opts *o, int rank, const ff_device *device) {
+  if (rank < o->n_throttle && o->throttle_by_rank[rank] > 0)
+    return o->throttle_by_rank[rank];
+  return device && device->emulated_slowdown > 1 ? device->emulated_slowdown : 1.0;
+}
+
+void ff_throttle(double factor, double seconds) {
+  if (factor <= 1 || seconds <= 0)
+    return;
+  double wait = (factor - 1) * seconds;
+  struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0)
+    ;
+}
+
 double ff_learning_rate(const ff_training *t, int64_t step, int64_t total_steps) {
   if (t->warmup_steps > 0 && step <= t->warmup_steps)
     return t->lr * (double)step / (double)t->warmup_steps;
@@ -59,13 +74,16 @@ static double train_step(run *r, int64_t step, double *grad_norm, double *lr, do
   const ff_training *t = &r->plan->training;
   int64_t S = r->plan->model.seq_len, b = pl->micro_batch_size;
   double loss_sum = 0, start = now();
+  double throttle = ff_throttle_factor(r->o, 0, &r->plan->cluster.devices[pl->stages[0].ranks[0].device]);
   r->k->zero(r->mr.grads, (size_t)r->mr.n_params * sizeof(float));
   for (int64_t mb = 0; mb < pl->micro_batches; mb++) {
     for (int64_t i = 0; i < b; i++)
       ff_data_sequence(&r->data, step - 1, mb * b + i, t->global_batch, S, r->inputs + i * S,
                        r->targets + i * S);
+    double t0 = now();
     ff_model_rank_step_micro_batch(&r->mr, r->inputs, r->targets, b,
                                    1.0f / (float)global_tokens(r), &loss_sum);
+    ff_throttle(throttle, now() - t0);
   }
   *compute_s = now() - start;
   double sumsq = r->k->sum_squares(r->mr.grads, r->mr.n_params);

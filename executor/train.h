@@ -21,7 +21,17 @@ typedef struct ff_train_opts {
   bool checkpoint_gradients; /* save each step's gradients too (for verification) */
   const char *metrics_file;
   bool quiet;
+  /* --throttle RANK=FACTOR: emulated slowdown per world rank (0 where not given) */
+  double *throttle_by_rank;
+  int n_throttle;
 } ff_train_opts;
+
+/* The emulated slowdown of a rank: --throttle for it, else its device type's
+ * emulated_slowdown, else none (1). */
+double ff_throttle_factor(const ff_train_opts *o, int rank, const ff_device *device);
+/* Wait (factor − 1) × `seconds` when factor > 1: what a device that many times slower would have
+ * taken longer for work that took `seconds` here. A test and demo device only. */
+void ff_throttle(double factor, double seconds);
 
 /* Learning rate at step t (1-based) from the training settings. */
 double ff_learning_rate(const ff_training *t, int64_t step, int64_t total_steps);

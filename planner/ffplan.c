@@ -44,6 +44,9 @@ static void usage(FILE *out) {
           "                            and the given cluster and model (exit 2 on any problem)\n"
           "  diff A B [--json]         what changed between two plans, in the plan's own words,\n"
           "                            and its predicted effect (exit 0 same, 1 different)\n"
+          "  calibrate --plan PLAN --metrics RUN.jsonl --cluster C -o C2\n"
+          "                            fit the cluster profile to what a run of the plan measured\n"
+          "                            and print the prediction error before and after, per term\n"
           "  svg PLAN -o FILE.svg [--timeline]\n"
           "                            draw the plan for review: pipelines, stages, TP groups,\n"
           "                            nodes and GPUs by device type, memory per stage;\n"
@@ -177,6 +180,8 @@ int main(int argc, char **argv) {
     return ffplan_cmd_diff(argc - 2, argv + 2);
   if (strcmp(cmd, "plan") == 0)
     return ffplan_cmd_plan(argc - 2, argv + 2);
+  if (strcmp(cmd, "calibrate") == 0)
+    return ffplan_cmd_calibrate(argc - 2, argv + 2);
   if (strcmp(cmd, "svg") == 0)
     return ffplan_cmd_svg(argc - 2, argv + 2);
   if (strcmp(cmd, "hostfile") == 0)

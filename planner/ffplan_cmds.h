@@ -10,5 +10,6 @@ int ffplan_cmd_plan(int argc, char **argv);
 int ffplan_cmd_show(int argc, char **argv);
 int ffplan_cmd_check(int argc, char **argv);
 int ffplan_cmd_diff(int argc, char **argv);
+int ffplan_cmd_calibrate(int argc, char **argv);
 
 #endif

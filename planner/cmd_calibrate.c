@@ -1,0 +1,273 @@
+/* cmd_calibrate.c — `ffplan calibrate --plan PLAN --metrics RUN.jsonl --cluster C -o C2`: fit a
+ * cluster profile to what a run measured.
+ *
+ * The run's metrics hold, per step and stage, the measured compute, TP, p2p and DP seconds (the
+ * first step is left out as warm-up). The plan is evaluated against C, and two kinds of factor are
+ * fitted: per device type, measured compute over predicted compute (its GEMM figures, measured
+ * layer times and peaks are scaled by it), and for the links, measured over predicted
+ * communication (every link's bandwidth is scaled). C2 is written with the device types inline;
+ * the prediction error of each term is printed before and after. Memory is not fitted: the
+ * metrics of a distributed run carry no per-rank memory yet. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ff_cost.h"
+#include "ffplan_cmds.h"
+
+enum { TERM_COMPUTE, TERM_TP, TERM_P2P, TERM_DP, TERM_COUNT };
+static const char *const term_keys[TERM_COUNT] = {"compute_seconds", "tp_seconds", "p2p_seconds",
+                                                  "dp_seconds"};
+
+typedef struct measured {
+  double *stage;    /* [stage index over the plan][TERM_COUNT], averaged over steps */
+  double iteration; /* average step seconds */
+  int steps;
+} measured;
+
+static int stage_count(const ff_plan *p) {
+  int n = 0;
+  for (int q = 0; q < p->n_pipelines; q++)
+    n += p->pipelines[q].n_stages;
+  return n;
+}
+
+static ff_status read_metrics(const char *file, const ff_plan *plan, measured *m) {
+  ff_diag d;
+  ff_diag_init(&d, file);
+  char *text;
+  size_t len;
+  ff_status st = ff_read_file_any(file, &d, &text, &len);
+  ff_diag_print(&d, stderr);
+  ff_diag_free(&d);
+  if (st != FF_OK)
+    return st;
+  int n = stage_count(plan);
+  m->stage = calloc((size_t)n * TERM_COUNT, sizeof *m->stage);
+  m->steps = 0;
+  m->iteration = 0;
+  int line_no = 0;
+  for (char *line = strtok(text, "\n"); line && m->stage; line = strtok(NULL, "\n")) {
+    cJSON *o = cJSON_Parse(line);
+    const cJSON *stages = o ? cJSON_GetObjectItem(o, "stages") : NULL;
+    line_no++;
+    if (!o || !cJSON_IsArray(stages) || cJSON_GetArraySize(stages) != n) {
+      fprintf(stderr, "%s: line %d: expected a metrics line of a distributed run of this plan "
+              "(with %d stages)\n", file, line_no, n);
+      cJSON_Delete(o);
+      free(text);
+      return FF_ERR_INPUT;
+    }
+    if (line_no > 1) { /* the first step warms up caches and the allocator */
+      int i = 0;
+      for (const cJSON *s = stages->child; s; s = s->next, i++)
+        for (int t = 0; t < TERM_COUNT; t++)
+          m->stage[i * TERM_COUNT + t] += cJSON_GetObjectItem(s, term_keys[t])->valuedouble;
+      m->iteration += cJSON_GetObjectItem(o, "step_seconds")->valuedouble;
+      m->steps++;
+    }
+    cJSON_Delete(o);
+  }
+  free(text);
+  if (m->steps == 0) {
+    fprintf(stderr, "%s: needs at least two steps (the first is left out)\n", file);
+    return FF_ERR_INPUT;
+  }
+  for (int i = 0; i < n * TERM_COUNT; i++)
+    m->stage[i] /= m->steps;
+  m->iteration /= m->steps;
+  return FF_OK;
+}
+
+/* The plan with its cluster replaced by c (nodes and device types matched by name). */
+static ff_status rebind(ff_plan *p, const ff_cluster *c) {
+  for (int q = 0; q < p->n_pipelines; q++)
+    for (int s = 0; s < p->pipelines[q].n_stages; s++)
+      for (int t = 0; t < p->pipelines[q].stages[s].n_ranks; t++) {
+        ff_plan_rank *r = &p->pipelines[q].stages[s].ranks[t];
+        int node = ff_cluster_find_node(c, p->cluster.nodes[r->node].name);
+        int dev = ff_cluster_find_device(c, p->cluster.devices[r->device].name);
+        if (node < 0 || dev < 0) {
+          fprintf(stderr, "ffplan calibrate: node \"%s\" or device \"%s\" of the plan is not in the "
+                  "given cluster\n", p->cluster.nodes[r->node].name, p->cluster.devices[r->device].name);
+          return FF_ERR_INPUT;
+        }
+        r->node = node;
+        r->device = dev;
+      }
+  return FF_OK;
+}
+
+/* Predicted per-stage terms (same units as the metrics: seconds per step). */
+static void predicted_terms(const ff_plan *p, const ff_plan_eval *e, double *out) {
+  int i = 0;
+  for (int q = 0; q < p->n_pipelines; q++)
+    for (int s = 0; s < p->pipelines[q].n_stages; s++, i++) {
+      const ff_plan_pipeline *pl = &p->pipelines[q];
+      const ff_stage_eval *se = &e->pipelines[q].stages[s];
+      const ff_rank_eval *re = &e->ranks[pl->stages[s].ranks[0].rank];
+      double mb = (double)pl->micro_batches;
+      out[i * TERM_COUNT + TERM_COMPUTE] = mb * (re->compute_fwd_seconds + re->compute_bwd_seconds + re->recompute_seconds);
+      out[i * TERM_COUNT + TERM_TP] = mb * re->tp_seconds;
+      out[i * TERM_COUNT + TERM_P2P] = mb * (se->send_fwd_seconds + se->send_bwd_seconds);
+      out[i * TERM_COUNT + TERM_DP] = se->dp_seconds;
+    }
+}
+
+static void scale_device(ff_device *d, double factor) { /* factor: measured / predicted time */
+  for (int t = 0; t < FF_DTYPE_COUNT; t++)
+    d->peak_tflops[t] /= factor;
+  d->memory_bandwidth_gb_per_s /= factor;
+  for (int g = 0; g < d->n_gemm; g++)
+    d->gemm[g].tflops /= factor;
+  for (int l = 0; l < d->n_layers; l++) {
+    d->layers[l].forward_ms *= factor;
+    d->layers[l].backward_ms *= factor;
+  }
+  free(d->ref); /* written inline from now on */
+  d->ref = NULL;
+}
+
+/* α–β time scales by f when both α and 1/β do. */
+static void scale_link(ff_link *l, double factor) {
+  l->bandwidth_gb_per_s /= factor;
+  l->latency_us *= factor;
+}
+
+static void scale_links(ff_cluster *c, double factor) {
+  for (int n = 0; n < c->n_nodes; n++) {
+    scale_link(&c->nodes[n].island, factor);
+    scale_link(&c->nodes[n].intra, factor);
+  }
+  scale_link(&c->net_default, factor);
+  for (int g = 0; g < c->n_groups; g++)
+    scale_link(&c->groups[g].link, factor);
+  for (int o = 0; o < c->n_overrides; o++)
+    scale_link(&c->overrides[o].link, factor);
+}
+
+static double clamp_factor(double f) { return isfinite(f) && f > 1e-3 ? (f < 1e3 ? f : 1e3) : 1.0; }
+
+/* Fit: per device type its compute factor; one factor for all communication. */
+static void fit(const ff_plan *p, const measured *m, const double *pred, ff_cluster *c) {
+  int i = 0;
+  double *num = calloc((size_t)c->n_devices, sizeof *num), *den = calloc((size_t)c->n_devices, sizeof *den);
+  double comm_num = 0, comm_den = 0;
+  for (int q = 0; q < p->n_pipelines; q++)
+    for (int s = 0; s < p->pipelines[q].n_stages; s++, i++) {
+      int dev = p->pipelines[q].stages[s].ranks[0].device;
+      num[dev] += m->stage[i * TERM_COUNT + TERM_COMPUTE];
+      den[dev] += pred[i * TERM_COUNT + TERM_COMPUTE];
+      for (int t = TERM_TP; t < TERM_COUNT; t++) {
+        comm_num += m->stage[i * TERM_COUNT + t];
+        comm_den += pred[i * TERM_COUNT + t];
+      }
+    }
+  for (int d = 0; d < c->n_devices; d++)
+    if (den[d] > 0) {
+      double f = clamp_factor(num[d] / den[d]);
+      printf("  device %-24s compute x%.3f\n", c->devices[d].name, f);
+      scale_device(&c->devices[d], f);
+    }
+  if (comm_den > 0) {
+    double f = clamp_factor(comm_num / comm_den);
+    printf("  links                           communication x%.3f\n", f);
+    scale_links(c, f);
+  }
+  free(num), free(den);
+}
+
+static void print_errors(const ff_plan *p, const measured *m, const double *before,
+                         const double *after, double it_before, double it_after) {
+  printf("%-34s %12s %12s %12s %9s %9s\n", "term (seconds per step)", "measured", "before", "after",
+         "err bef.", "err aft.");
+  int i = 0;
+  for (int q = 0; q < p->n_pipelines; q++)
+    for (int s = 0; s < p->pipelines[q].n_stages; s++, i++)
+      for (int t = 0; t < TERM_COUNT; t++) {
+        double x = m->stage[i * TERM_COUNT + t], b = before[i * TERM_COUNT + t], a = after[i * TERM_COUNT + t];
+        if (x == 0 && b == 0)
+          continue;
+        char name[64];
+        snprintf(name, sizeof name, "pipeline %d stage %d %.*s", q, s,
+                 (int)(strlen(term_keys[t]) - 8), term_keys[t]);
+        printf("%-34s %12.6f %12.6f %12.6f %8.1f%% %8.1f%%\n", name, x, b, a,
+               x > 0 ? 100 * (b - x) / x : 0, x > 0 ? 100 * (a - x) / x : 0);
+      }
+  printf("%-34s %12.6f %12.6f %12.6f %8.1f%% %8.1f%%\n", "iteration", m->iteration, it_before,
+         it_after, 100 * (it_before - m->iteration) / m->iteration,
+         100 * (it_after - m->iteration) / m->iteration);
+}
+
+int ffplan_cmd_calibrate(int argc, char **argv) {
+  const char *plan_file = NULL, *metrics_file = NULL, *cluster_file = NULL, *out = NULL;
+  for (int i = 0; i + 1 < argc; i += 2) {
+    if (strcmp(argv[i], "--plan") == 0)
+      plan_file = argv[i + 1];
+    else if (strcmp(argv[i], "--metrics") == 0)
+      metrics_file = argv[i + 1];
+    else if (strcmp(argv[i], "--cluster") == 0)
+      cluster_file = argv[i + 1];
+    else if (strcmp(argv[i], "-o") == 0)
+      out = argv[i + 1];
+    else
+      break;
+  }
+  if (!plan_file || !metrics_file || !cluster_file || !out || argc % 2) {
+    fprintf(stderr, "usage: ffplan calibrate --plan PLAN --metrics RUN.jsonl --cluster C -o C2\n");
+    return FF_ERR_INPUT;
+  }
+  ff_diag d;
+  ff_diag_init(&d, NULL);
+  ff_plan plan;
+  ff_cluster c;
+  bool have_plan = ff_load_plan(plan_file, &d, &plan) == FF_OK;
+  bool have_c = ff_load_cluster(cluster_file, &d, &c) == FF_OK;
+  ff_diag_print(&d, stderr);
+  ff_diag_free(&d);
+  measured m = {0};
+  int rc = have_plan && have_c ? read_metrics(metrics_file, &plan, &m) : FF_ERR_INPUT;
+  ff_plan bound = {0};
+  if (rc == FF_OK) {
+    bound = plan;
+    bound.cluster = c; /* borrowed: the plan's own cluster is freed with the plan */
+    rc = rebind(&bound, &c);
+  }
+  int n = have_plan ? stage_count(&plan) : 0;
+  double *before = calloc((size_t)n * TERM_COUNT + 1, sizeof *before);
+  double *after = calloc((size_t)n * TERM_COUNT + 1, sizeof *after);
+  ff_plan_eval e;
+  double it_before = 0, it_after = 0;
+  if (rc == FF_OK && ff_evaluate_plan(&bound, &e) == FF_OK) {
+    predicted_terms(&bound, &e, before);
+    it_before = e.iteration_seconds;
+    ff_plan_eval_free(&e);
+    printf("fitted factors (measured / predicted):\n");
+    fit(&bound, &m, before, &c);
+    bound.cluster = c;
+    if (ff_evaluate_plan(&bound, &e) == FF_OK) {
+      predicted_terms(&bound, &e, after);
+      it_after = e.iteration_seconds;
+      ff_plan_eval_free(&e);
+    }
+    print_errors(&bound, &m, before, after, it_before, it_after);
+    cJSON *tree = ff_cluster_to_json(&c, true, false);
+    ff_buf text = {0};
+    ff_json_write(tree, &text);
+    cJSON_Delete(tree);
+    ff_diag_init(&d, out);
+    rc = ff_write_file_atomic(out, text.data, text.len, &d);
+    ff_diag_print(&d, stderr);
+    ff_diag_free(&d);
+    ff_buf_free(&text);
+  }
+  free(before), free(after), free(m.stage);
+  if (have_c)
+    ff_cluster_free(&c);
+  if (have_plan) {
+    /* the plan's rank indices were rebound into c; its own cluster is still whole */
+    ff_plan_free(&plan);
+  }
+  return rc;
+}

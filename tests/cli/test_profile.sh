@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# test_profile.sh FFPLAN FFRUN — measuring and fitting cluster profiles:
+#  * `ffrun profile` on 2 and 4 CPU ranks writes a valid cluster whose compute and link figures
+#    are positive and plausible; ranks throttled alike become a virtual node of their own device
+#    type; a second profile agrees with the first within a factor of 3 (timings on a shared
+#    2-core machine; the tolerance is stated here so it can be tightened on quiet machines);
+#  * `ffplan calibrate` on metrics synthesised from a cluster with known factors (compute 2x
+#    slower, links 3x slower) recovers those factors.
+set -u
+ffplan=$1
+ffrun=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_mpi_yield_when_idle=1
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+failures=0
+checks=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+for n in 2 4; do
+  for run in 1 2; do
+    checks=$((checks + 1))
+    mpirun -np "$n" "$ffrun" profile -o "$tmp/p$n-$run.json" --model profiles/models/tiny.json \
+      --throttle "$((n - 1))=3" --quiet >"$tmp/log" 2>&1 || { fail "profile on $n ranks"; cat "$tmp/log"; }
+    checks=$((checks + 1))
+    "$ffplan" validate "$tmp/p$n-$run.json" >/dev/null || fail "profile on $n ranks is not a valid cluster"
+  done
+  checks=$((checks + 1))
+  python3 - "$tmp/p$n-1.json" "$tmp/p$n-2.json" "$n" <<'PY' || fail "profiles on $n ranks are implausible or disagree"
+import json, sys
+a, b, n = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), int(sys.argv[3])
+ok = True
+def check(cond, what):
+    global ok
+    if not cond:
+        print("  " + what); ok = False
+for c in (a, b):
+    check(sum(x["gpus"] for x in c["nodes"]) == n, "ranks become GPUs")
+    check(len(c["device_types"]) == 2, "the throttled rank has a device type of its own")
+    slow = [d for d in c["device_types"] if d.get("emulated_slowdown") == 3]
+    check(len(slow) == 1, "emulated_slowdown 3 recorded")
+    for d in c["device_types"]:
+        check(1e-5 < d["peak_tflops"]["fp32"] < 10, "a CPU core's GEMM TFLOP/s is plausible")
+        check(0.05 < d["memory_bandwidth_gb_per_s"] < 1000, "memory bandwidth is plausible")
+        check(all(l["forward_ms"] > 0 and l["backward_ms"] > 0 for l in d["measured"]["layers"]), "layer times")
+    check(c["network"]["default"]["bandwidth_gb_per_s"] > 0, "the link between the nodes")
+for da, db in zip(a["device_types"], b["device_types"]):
+    r = da["peak_tflops"]["fp32"] / db["peak_tflops"]["fp32"]
+    check(1 / 3 < r < 3, "%s GEMM figures within a factor of 3 of each other (%.2f)" % (da["name"], r))
+sys.exit(0 if ok else 1)
+PY
+done
+
+# calibrate recovers known factors
+python3 - "$tmp" <<'PY'
+import json, sys
+d = sys.argv[1]
+plan = json.load(open("profiles/plans/tiny-asym.json"))
+cluster = plan["inputs"]["cluster"]
+json.dump(dict(cluster, format="ff-cluster/1"), open(d + "/base.json", "w"))
+slow = json.loads(json.dumps(cluster))
+for dev in slow["device_types"]:
+    for k in dev["peak_tflops"]:
+        dev["peak_tflops"][k] /= 2
+    dev["memory_bandwidth_gb_per_s"] /= 2
+for node in slow["nodes"]:
+    if "island_bandwidth_gb_per_s" in node:
+        node["island_bandwidth_gb_per_s"] /= 3
+        node["island_latency_us"] *= 3
+plan["inputs"]["cluster"] = slow
+del plan["inputs"]["digests"]
+json.dump(plan, open(d + "/slow-plan.json", "w"))
+PY
+"$ffplan" simulate --json "$tmp/slow-plan.json" >"$tmp/sim.json" || fail "simulate the slowed plan"
+python3 - "$tmp" <<'PY'
+import json, sys
+d = sys.argv[1]
+sim = json.load(open(d + "/sim.json"))
+plan = json.load(open("profiles/plans/tiny-asym.json"))
+stages = []
+for p, pe in zip(plan["pipelines"], sim["pipelines"]):
+    mb = p["micro_batches"]
+    for se in pe["stages"]:
+        r = se["ranks"][0]
+        stages.append({"compute_seconds": mb * (r["forward_seconds"] + r["backward_seconds"] - r["tp_seconds"]),
+                       "tp_seconds": mb * r["tp_seconds"],
+                       "p2p_seconds": mb * (se["send_forward_seconds"] + se["send_backward_seconds"]),
+                       "dp_seconds": se["dp_seconds"], "bubble_seconds": 0})
+with open(d + "/metrics.jsonl", "w") as f:
+    for step in (1, 2):
+        f.write(json.dumps({"step": step, "step_seconds": sim["iteration_seconds"], "stages": stages}) + "\n")
+PY
+checks=$((checks + 1))
+"$ffplan" calibrate --plan profiles/plans/tiny-asym.json --metrics "$tmp/metrics.jsonl" \
+  --cluster "$tmp/base.json" -o "$tmp/fitted.json" >"$tmp/cal.txt" || { fail "calibrate"; cat "$tmp/cal.txt"; }
+checks=$((checks + 1))
+grep -q "compute x2.000" "$tmp/cal.txt" || { fail "calibrate did not recover the compute factor 2"; cat "$tmp/cal.txt"; }
+checks=$((checks + 1))
+grep -q "communication x3.000" "$tmp/cal.txt" || { fail "calibrate did not recover the link factor 3"; cat "$tmp/cal.txt"; }
+checks=$((checks + 1))
+python3 - "$tmp" <<'PY' || fail "the fitted cluster is not the slowed one"
+import json, sys
+d = sys.argv[1]
+f = json.load(open(d + "/fitted.json"))
+b = json.load(open(d + "/base.json"))
+dev, base = f["device_types"][0], b["device_types"][0]
+ok = abs(dev["peak_tflops"]["fp32"] / base["peak_tflops"]["fp32"] - 0.5) < 1e-6
+ok &= abs(f["nodes"][0]["island_bandwidth_gb_per_s"] / b["nodes"][0]["island_bandwidth_gb_per_s"] - 1 / 3) < 1e-6
+sys.exit(0 if ok else 1)
+PY
+
+echo "profile: $checks checks, $failures failed"
+[ "$failures" -eq 0 ]

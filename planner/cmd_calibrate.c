@@ -5,7 +5,7 @@
  * first step is left out as warm-up). The plan is evaluated against C, and two kinds of factor are
  * fitted: per device type, measured compute over predicted compute (its GEMM figures, measured
  * layer times and peaks are scaled by it), and for the links, measured over predicted
- * communication (every link's bandwidth is scaled). C2 is written with the device types inline;
+ * communication of the stage that waited least (every link's latency and bandwidth are scaled). C2 is written with the device types inline;
  * the prediction error of each term is printed before and after. Memory is not fitted: the
  * metrics of a distributed run carry no per-rank memory yet. */
 #include <math.h>
@@ -81,7 +81,7 @@ static ff_status read_metrics(const char *file, const ff_plan *plan, measured *m
 }
 
 /* The plan with its cluster replaced by c (nodes and device types matched by name). */
-static ff_status rebind(ff_plan *p, const ff_cluster *c) {
+ff_status ffplan_rebind(ff_plan *p, const ff_cluster *c) {
   for (int q = 0; q < p->n_pipelines; q++)
     for (int s = 0; s < p->pipelines[q].n_stages; s++)
       for (int t = 0; t < p->pipelines[q].stages[s].n_ranks; t++) {
@@ -149,20 +149,26 @@ static void scale_links(ff_cluster *c, double factor) {
 
 static double clamp_factor(double f) { return isfinite(f) && f > 1e-3 ? (f < 1e3 ? f : 1e3) : 1.0; }
 
-/* Fit: per device type its compute factor; one factor for all communication. */
+/* Fit: per device type its compute factor; one factor for all communication. A stage's measured
+ * communication includes waiting for its partners (skewed TP ranks, the other pipelines at the
+ * DP sum), so the stage that waited least — the smallest measured/predicted ratio — stands for
+ * the links themselves. */
 static void fit(const ff_plan *p, const measured *m, const double *pred, ff_cluster *c) {
   int i = 0;
   double *num = calloc((size_t)c->n_devices, sizeof *num), *den = calloc((size_t)c->n_devices, sizeof *den);
-  double comm_num = 0, comm_den = 0;
+  double comm = INFINITY;
   for (int q = 0; q < p->n_pipelines; q++)
     for (int s = 0; s < p->pipelines[q].n_stages; s++, i++) {
       int dev = p->pipelines[q].stages[s].ranks[0].device;
       num[dev] += m->stage[i * TERM_COUNT + TERM_COMPUTE];
       den[dev] += pred[i * TERM_COUNT + TERM_COMPUTE];
+      double mc = 0, pc = 0;
       for (int t = TERM_TP; t < TERM_COUNT; t++) {
-        comm_num += m->stage[i * TERM_COUNT + t];
-        comm_den += pred[i * TERM_COUNT + t];
+        mc += m->stage[i * TERM_COUNT + t];
+        pc += pred[i * TERM_COUNT + t];
       }
+      if (pc > 0 && mc / pc < comm)
+        comm = mc / pc;
     }
   for (int d = 0; d < c->n_devices; d++)
     if (den[d] > 0) {
@@ -170,8 +176,8 @@ static void fit(const ff_plan *p, const measured *m, const double *pred, ff_clus
       printf("  device %-24s compute x%.3f\n", c->devices[d].name, f);
       scale_device(&c->devices[d], f);
     }
-  if (comm_den > 0) {
-    double f = clamp_factor(comm_num / comm_den);
+  if (isfinite(comm)) {
+    double f = clamp_factor(comm);
     printf("  links                           communication x%.3f\n", f);
     scale_links(c, f);
   }
@@ -232,7 +238,7 @@ int ffplan_cmd_calibrate(int argc, char **argv) {
   if (rc == FF_OK) {
     bound = plan;
     bound.cluster = c; /* borrowed: the plan's own cluster is freed with the plan */
-    rc = rebind(&bound, &c);
+    rc = ffplan_rebind(&bound, &c);
   }
   int n = have_plan ? stage_count(&plan) : 0;
   double *before = calloc((size_t)n * TERM_COUNT + 1, sizeof *before);

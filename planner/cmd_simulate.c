@@ -157,11 +157,13 @@ static void report_overflow(const ff_plan *plan, const ff_plan_eval *e) {
 }
 
 int ffplan_cmd_simulate(int argc, char **argv) {
-  const char *file = NULL;
+  const char *file = NULL, *cluster_file = NULL;
   bool json = false;
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--json") == 0)
       json = true;
+    else if (strcmp(argv[i], "--cluster") == 0 && i + 1 < argc)
+      cluster_file = argv[++i];
     else if (argv[i][0] == '-' && argv[i][1]) {
       fprintf(stderr, "ffplan simulate: unknown option %s (see ffplan --help)\n", argv[i]);
       return FF_ERR_INPUT;
@@ -180,14 +182,31 @@ int ffplan_cmd_simulate(int argc, char **argv) {
   ff_diag d;
   ff_diag_init(&d, file);
   ff_status st = ff_load_plan(file, &d, &plan);
+  ff_cluster other, own;
+  bool swapped = false;
+  if (st == FF_OK && cluster_file) { /* predict the plan on another profile of its cluster */
+    if ((st = ff_load_cluster(cluster_file, &d, &other)) == FF_OK &&
+        (st = ffplan_rebind(&plan, &other)) == FF_OK) {
+      own = plan.cluster;
+      plan.cluster = other;
+      swapped = true;
+    }
+  }
   ff_diag_print(&d, stderr);
   ff_diag_free(&d);
-  if (st != FF_OK)
+  if (st != FF_OK) {
+    if (cluster_file && !swapped)
+      ff_plan_free(&plan);
     return st;
+  }
   ff_plan_eval e;
   st = ff_evaluate_plan(&plan, &e);
   if (st != FF_OK) {
     fprintf(stderr, "ffplan simulate: out of memory evaluating %s\n", file);
+    if (swapped) {
+      ff_cluster_free(&plan.cluster);
+      plan.cluster = own;
+    }
     ff_plan_free(&plan);
     return st;
   }
@@ -207,6 +226,10 @@ int ffplan_cmd_simulate(int argc, char **argv) {
     rc = FF_ERR_INFEASIBLE;
   }
   ff_plan_eval_free(&e);
+  if (swapped) {
+    ff_cluster_free(&plan.cluster);
+    plan.cluster = own;
+  }
   ff_plan_free(&plan);
   return rc;
 }

@@ -25,7 +25,27 @@ static void shape_json(cJSON *o, const ff_tensor *t) {
     cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->cols));
 }
 
-static cJSON *header_json(const ff_model_rank *mr, const ff_ckpt_meta *meta, int blocks) {
+#define CHECK_BLOCK (1u << 20)
+
+/* FNV-1a of every 1 MiB of the data section, as hex, comma-separated: a damaged file is refused
+ * with the offset of the first block that does not match. */
+static char *block_checksums(const unsigned char *data, size_t len) {
+  size_t blocks = (len + CHECK_BLOCK - 1) / CHECK_BLOCK;
+  char *out = malloc(blocks * 17 + 1);
+  if (!out)
+    return NULL;
+  out[0] = '\0';
+  size_t j = 0;
+  for (size_t b = 0; b < blocks; b++) {
+    size_t n = len - b * CHECK_BLOCK < CHECK_BLOCK ? len - b * CHECK_BLOCK : CHECK_BLOCK;
+    j += (size_t)snprintf(out + j, 18, "%s%016llx", b ? "," : "",
+                          (unsigned long long)ff_fnv1a64(data + b * CHECK_BLOCK, n));
+  }
+  return out;
+}
+
+static cJSON *header_json(const ff_model_rank *mr, const ff_ckpt_meta *meta, int blocks,
+                          const char *checksums, size_t data_bytes) {
   cJSON *h = cJSON_CreateObject();
   cJSON *md = cJSON_AddObjectToObject(h, "__metadata__");
   char num[32];
@@ -36,6 +56,9 @@ static cJSON *header_json(const ff_model_rank *mr, const ff_ckpt_meta *meta, int
   cJSON_AddStringToObject(md, "seed", num);
   cJSON_AddStringToObject(md, "model", meta->model_name);
   cJSON_AddStringToObject(md, "model_digest", meta->model_digest);
+  snprintf(num, sizeof num, "%zu", data_bytes);
+  cJSON_AddStringToObject(md, "data_bytes", num);
+  cJSON_AddStringToObject(md, "data_fnv1a64_per_mib", checksums);
   int64_t offset = 0;
   for (int which = 0; which < blocks; which++)
     for (int i = 0; i < mr->n_tensors; i++) {
@@ -62,17 +85,30 @@ ff_status ff_checkpoint_save(const char *dir, const ff_model_rank *mr, const ff_
                     "distributed executor", mr->tensors[i].name);
       return FF_ERR_INPUT;
     }
-  cJSON *h = header_json(mr, meta, blocks);
-  char *text = cJSON_PrintUnformatted(h);
-  cJSON_Delete(h);
-  if (!text)
-    return FF_ERR_RUNTIME;
-  size_t hlen = strlen(text), padded = (hlen + 7) / 8 * 8;
   size_t data_bytes = (size_t)mr->n_params * 4 * (size_t)blocks;
+  unsigned char *data = malloc(data_bytes ? data_bytes : 1);
+  if (!data) {
+    ff_diag_error(d, NULL, "out of memory for a checkpoint of %zu bytes", data_bytes);
+    return FF_ERR_RUNTIME;
+  }
+  for (int which = 0; which < blocks; which++)
+    mr->k->to_host(data + (size_t)which * (size_t)mr->n_params * 4, block_of(mr, which),
+                   (size_t)mr->n_params * 4);
+  char *sums = block_checksums(data, data_bytes);
+  cJSON *h = sums ? header_json(mr, meta, blocks, sums, data_bytes) : NULL;
+  char *text = h ? cJSON_PrintUnformatted(h) : NULL;
+  cJSON_Delete(h);
+  free(sums);
+  if (!text) {
+    free(data);
+    return FF_ERR_RUNTIME;
+  }
+  size_t hlen = strlen(text), padded = (hlen + 7) / 8 * 8;
   size_t total = 8 + padded + data_bytes;
   unsigned char *buf = malloc(total);
   if (!buf) {
     free(text);
+    free(data);
     ff_diag_error(d, NULL, "out of memory for a checkpoint of %zu bytes", total);
     return FF_ERR_RUNTIME;
   }
@@ -82,40 +118,81 @@ ff_status ff_checkpoint_save(const char *dir, const ff_model_rank *mr, const ff_
   memcpy(buf + 8, text, hlen);
   memset(buf + 8 + hlen, ' ', padded - hlen);
   free(text);
-  unsigned char *at = buf + 8 + padded;
-  for (int which = 0; which < blocks; which++) {
-    mr->k->to_host(at, block_of(mr, which), (size_t)mr->n_params * 4);
-    at += (size_t)mr->n_params * 4;
-  }
+  memcpy(buf + 8 + padded, data, data_bytes);
+  free(data);
   snprintf(path_out, cap, "%s/step-%08" PRId64 ".safetensors", dir, meta->step);
   ff_status st = ff_write_file_atomic(path_out, (const char *)buf, total, d);
   free(buf);
   return st;
 }
 
-ff_status ff_checkpoint_latest(const char *dir, char *path, size_t cap) {
+static int cmp_desc(const void *a, const void *b) {
+  long long x = *(const long long *)a, y = *(const long long *)b;
+  return (x < y) - (x > y);
+}
+
+int ff_checkpoint_list(const char *dir, long long *steps, int max) {
   DIR *dp = opendir(dir);
   if (!dp)
-    return FF_ERR_INPUT;
-  long long best = -1;
+    return 0;
+  int n = 0;
   struct dirent *e;
-  while ((e = readdir(dp))) {
+  while ((e = readdir(dp)) && n < max) {
     long long step;
     char tail[32];
-    if (sscanf(e->d_name, "step-%lld.%31s", &step, tail) == 2 && strcmp(tail, "safetensors") == 0 &&
-        step > best)
-      best = step;
+    if (sscanf(e->d_name, "step-%lld.%31s", &step, tail) == 2 && strcmp(tail, "safetensors") == 0)
+      steps[n++] = step;
   }
   closedir(dp);
-  if (best < 0)
+  qsort(steps, (size_t)n, sizeof *steps, cmp_desc);
+  return n;
+}
+
+ff_status ff_checkpoint_latest(const char *dir, char *path, size_t cap) {
+  long long steps[1];
+  long long all[4096];
+  int n = ff_checkpoint_list(dir, all, 4096);
+  if (n == 0)
     return FF_ERR_INPUT;
-  snprintf(path, cap, "%s/step-%08lld.safetensors", dir, best);
+  steps[0] = all[0];
+  snprintf(path, cap, "%s/step-%08lld.safetensors", dir, steps[0]);
   return FF_OK;
 }
 
 static const char *meta_string(const cJSON *md, const char *key) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(md, key);
   return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* The data section is as long as the header says and every MiB matches its checksum. */
+static ff_status check_integrity(const cJSON *md, const unsigned char *file, size_t len,
+                                 size_t hlen, ff_diag *d) {
+  const char *bytes = meta_string(md, "data_bytes"), *sums = meta_string(md, "data_fnv1a64_per_mib");
+  size_t start = 8 + hlen;
+  if (!bytes || !sums) {
+    ff_diag_error(d, "__metadata__", "no data_bytes and data_fnv1a64_per_mib: not written by ffrun, "
+                  "or damaged");
+    return FF_ERR_INPUT;
+  }
+  size_t want = (size_t)strtoull(bytes, NULL, 10);
+  if (len - start != want) {
+    ff_diag_error(d, NULL, "byte %zu: the file ends after %zu bytes of data, expected %zu (truncated)",
+                  len, len - start, want);
+    return FF_ERR_INPUT;
+  }
+  const char *p = sums;
+  for (size_t off = 0; off < want; off += CHECK_BLOCK) {
+    size_t n = want - off < CHECK_BLOCK ? want - off : CHECK_BLOCK;
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)ff_fnv1a64(file + start + off, n));
+    if (strncmp(p, hex, 16) != 0) {
+      ff_diag_error(d, NULL, "bytes %zu to %zu: checksum mismatch (the file is damaged)",
+                    start + off, start + off + n);
+      return FF_ERR_INPUT;
+    }
+    p += 16 + (p[16] == ',');
+  }
+  return FF_OK;
 }
 
 /* Copy this rank's slice of a logical (rows, cols) tensor from the file's bytes. */
@@ -193,6 +270,8 @@ ff_status ff_checkpoint_load(const char *file, ff_model_rank *mr, const char *mo
                   digest ? digest : "none", model_digest);
     st = FF_ERR_INPUT;
   }
+  if (st == FF_OK)
+    st = check_integrity(md, (const unsigned char *)buf, len, (size_t)hlen, d);
   if (st == FF_OK) {
     memset(meta, 0, sizeof *meta);
     const char *step = meta_string(md, "step"), *seed = meta_string(md, "seed");

@@ -3,7 +3,8 @@
  * metadata (format "ff-checkpoint/1", step, seed, model name and digest). Written atomically
  * (temporary file, fsync, rename): a failed save leaves the previous checkpoint as it was.
  * Loading copies each rank's slice of the logical tensors, so a checkpoint resumes under any
- * sharding of the same model. */
+ * sharding of the same model. The metadata carries the data section's length and an FNV-1a
+ * checksum of every MiB of it; a truncated or damaged file is refused with the offset. */
 #ifndef FF_EXEC_CHECKPOINT_H
 #define FF_EXEC_CHECKPOINT_H
 
@@ -25,6 +26,8 @@ typedef struct ff_ckpt_meta {
  * too, as "grad.NAME" (for checking the model against a reference implementation). */
 ff_status ff_checkpoint_save(const char *dir, const ff_model_rank *mr, const ff_ckpt_meta *meta,
                              bool gradients, ff_diag *d, char *path_out, size_t cap);
+/* Steps of the checkpoints in dir, newest first (at most max); 0 when none. */
+int ff_checkpoint_list(const char *dir, long long *steps, int max);
 /* The newest checkpoint in dir (by step); FF_ERR_INPUT when there is none. */
 ff_status ff_checkpoint_latest(const char *dir, char *path, size_t cap);
 /* Load this rank's slices of parameters and moments; meta receives the file's metadata. A

@@ -62,19 +62,41 @@ static ff_status load_tokens(ff_data *data, const char *file, ff_diag *d) {
     return FF_ERR_INPUT;
   }
   int64_t n = header[2];
-  uint16_t *raw = n > 0 ? malloc((size_t)n * sizeof *raw) : NULL;
-  data->tokens = n > 0 ? malloc((size_t)n * sizeof *data->tokens) : NULL;
-  if (n <= 0 || !raw || !data->tokens) {
+  if (n <= 0) {
+    fclose(f);
+    ff_diag_error(d, NULL, "token count %lld in the header is not positive", (long long)n);
+    return FF_ERR_INPUT;
+  }
+  /* Check the header's count against the file before allocating for it. */
+  long end = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+  if (end < 0 || fseek(f, (long)sizeof header, SEEK_SET) != 0) {
+    fclose(f);
+    ff_diag_error(d, NULL, "cannot seek in the token file: %s", strerror(errno));
+    return FF_ERR_INPUT;
+  }
+  int64_t held = (end - (long)sizeof header) / (int64_t)sizeof(uint16_t);
+  if (held != n) {
+    fclose(f);
+    ff_diag_error(d, NULL, "header says %lld tokens but the file holds %lld", (long long)n,
+                  (long long)held);
+    return FF_ERR_INPUT;
+  }
+  uint16_t *raw = malloc((size_t)n * sizeof *raw);
+  data->tokens = malloc((size_t)n * sizeof *data->tokens);
+  if (!raw || !data->tokens) {
     fclose(f);
     free(raw);
-    ff_diag_error(d, NULL, n <= 0 ? "token count %lld in the header is not positive"
-                                  : "out of memory for %lld tokens", (long long)n);
-    return n <= 0 ? FF_ERR_INPUT : FF_ERR_RUNTIME;
+    free(data->tokens);
+    data->tokens = NULL;
+    ff_diag_error(d, NULL, "out of memory for %lld tokens", (long long)n);
+    return FF_ERR_RUNTIME;
   }
   size_t got = fread(raw, sizeof *raw, (size_t)n, f);
   fclose(f);
   if ((int64_t)got != n) {
     free(raw);
+    free(data->tokens);
+    data->tokens = NULL;
     ff_diag_error(d, NULL, "header says %lld tokens but the file holds %zu", (long long)n, got);
     return FF_ERR_INPUT;
   }

@@ -27,6 +27,7 @@
 #include "data.h"
 #include "ff_cost.h"
 #include "model.h"
+#include "signals.h"
 
 #define MAX_SEG_GROUPS 4096
 
@@ -461,15 +462,28 @@ static double now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static double train_step(dist *d, int64_t step, float *buf, double *norm_out, double *lr_out) {
+/* One step. Returns the loss; *bad counts the ranks whose own gradients were not finite (then
+ * no rank updates its weights), each of which has said which tensor. */
+static double train_step(dist *d, int64_t step, float *buf, double *norm_out, double *lr_out,
+                         int *bad) {
   const ff_training *t = &d->plan->training;
   d->t_compute = d->t_p2p = d->t_tp = d->t_dp = d->t_opt = 0;
   d->k->zero(d->mr.grads, (size_t)d->mr.n_params * sizeof(float));
-  double sums[2] = {run_schedule(d, step - 1), 0};
+  double sums[3] = {run_schedule(d, step - 1), 0, 0};
+  const char *mine = ff_nonfinite_gradient(d->mr.grads, d->mr.tensors, d->mr.n_tensors, step);
+  if (mine)
+    fprintf(stderr, "ffrun: step %lld: the gradient of %s is not finite on rank %d (pipeline %d, "
+            "stage %d)\n", (long long)step, mine, d->rank, d->p, d->s);
+  sums[2] = mine ? 1 : 0;
   double t0 = now();
   sums[1] = sync_gradients(d, buf);
-  d->c->allreduce_sum_f64(d->world, sums, 2);
+  d->c->allreduce_sum_f64(d->world, sums, 3);
   d->t_dp = now() - t0;
+  *bad = (int)sums[2];
+  *lr_out = ff_learning_rate(t, step, t->steps);
+  *norm_out = sqrt(sums[1]);
+  if (*bad || !isfinite(sums[0]))
+    return sums[0] / (double)(t->global_batch * d->plan->model.seq_len);
   t0 = now();
   double norm = sqrt(sums[1]);
   double clip = t->grad_clip > 0 && norm > t->grad_clip ? t->grad_clip / norm : 1.0;
@@ -482,8 +496,6 @@ static double train_step(dist *d, int64_t step, float *buf, double *norm_out, do
   }
   ff_throttle(d->throttle, now() - t0);
   d->t_opt = now() - t0;
-  *norm_out = norm;
-  *lr_out = lr;
   return sums[0] / (double)(t->global_batch * d->plan->model.seq_len);
 }
 
@@ -541,24 +553,41 @@ static ff_status save(dist *d, int64_t step, float *buf) {
   return ok ? FF_OK : FF_ERR_RUNTIME;
 }
 
+/* Every rank loads its slices from the newest checkpoint that reads back intact. */
 static ff_status resume(dist *d, int64_t *done) {
-  char path[4096];
+  long long steps[4096];
+  int n = ff_checkpoint_list(d->o->checkpoint_dir, steps, 4096);
   *done = 0;
-  if (ff_checkpoint_latest(d->o->checkpoint_dir, path, sizeof path) != FF_OK)
-    return FF_OK;
-  ff_ckpt_meta meta;
-  ff_diag dg;
-  ff_diag_init(&dg, path);
-  ff_status st = ff_checkpoint_load(path, &d->mr, d->model_digest, &meta, &dg);
-  if (d->rank == 0)
-    ff_diag_print(&dg, stderr);
-  ff_diag_free(&dg);
-  if (st == FF_OK) {
-    *done = meta.step;
-    if (d->rank == 0 && !d->o->quiet)
-      fprintf(stderr, "ffrun: resumed from %s at step %lld\n", path, (long long)meta.step);
+  for (int i = 0; i < n; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/step-%08lld.safetensors", d->o->checkpoint_dir, steps[i]);
+    ff_ckpt_meta meta;
+    ff_diag dg;
+    ff_diag_init(&dg, path);
+    ff_status st = ff_checkpoint_load(path, &d->mr, d->model_digest, &meta, &dg);
+    if (d->rank == 0)
+      ff_diag_print(&dg, stderr);
+    bool other_model = strstr(ff_diag_text(&dg), "model_digest") != NULL;
+    ff_diag_free(&dg);
+    float bad = st == FF_OK ? 0.0f : 1.0f; /* every rank must agree on the file */
+    d->c->allreduce_sum(d->world, &bad, 1);
+    if (bad == 0.0f) {
+      *done = meta.step;
+      if (d->rank == 0 && !d->o->quiet)
+        fprintf(stderr, "ffrun: resumed from %s at step %lld\n", path, (long long)meta.step);
+      return FF_OK;
+    }
+    if (other_model)
+      return FF_ERR_INPUT;
+    if (d->rank == 0)
+      fprintf(stderr, "ffrun: %s cannot be used; trying an older checkpoint\n", path);
   }
-  return st;
+  if (n > 0) {
+    if (d->rank == 0)
+      fprintf(stderr, "ffrun: no intact checkpoint in %s\n", d->o->checkpoint_dir);
+    return FF_ERR_INPUT;
+  }
+  return FF_OK;
 }
 
 /* ---- setup and the loop ----------------------------------------------------------------- */
@@ -773,13 +802,41 @@ ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const f
       !(d.metrics = fopen(o->metrics_file, done ? "a" : "w")))
     d.c->abort(FF_ERR_INPUT);
   int64_t stop = o->steps > 0 ? o->steps : plan->training.steps;
+  ff_signals_install();
   for (int64_t step = done + 1; st == FF_OK && step <= stop; step++) {
     double norm, lr, start = now();
-    double loss = train_step(&d, step, buf, &norm, &lr);
+    int bad = 0;
+    double loss = train_step(&d, step, buf, &norm, &lr, &bad);
     report(&d, step, loss, norm, lr, now() - start);
-    bool last = step == stop;
-    if (o->checkpoint_dir && (last || (o->checkpoint_every > 0 && step % o->checkpoint_every == 0)))
-      st = save(&d, step, buf);
+    if (bad || !isfinite(loss)) {
+      if (d.rank == 0)
+        fprintf(stderr, "ffrun: step %lld: %s is not finite; %s\n", (long long)step,
+                bad ? "a gradient" : "the loss",
+                o->skip_nonfinite ? "the step is skipped (--on-nan skip)" : "stopping (--on-nan stop)");
+      if (!o->skip_nonfinite)
+        st = FF_ERR_RUNTIME;
+      continue;
+    }
+    float sig = (float)ff_signals_pending(); /* a signal to any rank stops every rank */
+    d.c->allreduce_max(d.world, &sig, 1);
+    bool last = step == stop || sig > 0;
+    if (o->checkpoint_dir && (last || (o->checkpoint_every > 0 && step % o->checkpoint_every == 0))) {
+      ff_status saved = save(&d, step, buf);
+      if (saved != FF_OK && o->continue_on_save_error) {
+        if (d.rank == 0)
+          fprintf(stderr, "ffrun: continuing without this checkpoint (--on-save-error continue)\n");
+      } else {
+        st = saved;
+      }
+    }
+    if (sig > 0) {
+      if (d.rank == 0)
+        fprintf(stderr, "ffrun: stopped by %s after step %lld%s\n", ff_signal_name((int)sig),
+                (long long)step, o->checkpoint_dir ? " with a final checkpoint" : "");
+      if (st == FF_OK)
+        st = (ff_status)(128 + (int)sig);
+      break;
+    }
   }
   free(buf);
   teardown(&d);

@@ -45,6 +45,9 @@ static void usage(FILE *out) {
           "  --checkpoint-every K    ... every K steps\n"
           "  --resume                continue from the newest checkpoint in D\n"
           "  --checkpoint-gradients  also save each checkpointed step's gradients (verification)\n"
+          "  --on-save-error A       stop (default) or continue when a checkpoint cannot be written\n"
+          "  --on-nan A              stop (default) or skip a step whose loss or gradient is not\n"
+          "                          finite\n"
           "  --metrics FILE          one JSON line per step\n"
           "  --threads N             BLAS threads for this rank (default 1)\n"
           "  --throttle R=F,...      emulate slower devices: rank R waits (F-1) x the time of its\n"
@@ -247,6 +250,18 @@ static int parse(int argc, char **argv, cli *c, bool *done) {
       c->train.quiet = true;
     } else if (strcmp(a, "--checkpoint-gradients") == 0) {
       c->train.checkpoint_gradients = true;
+    } else if (strcmp(a, "--on-save-error") == 0 || strcmp(a, "--on-nan") == 0) {
+      if (!(v = value(argc, argv, &i)))
+        return FF_ERR_INPUT;
+      bool save = strcmp(a, "--on-save-error") == 0;
+      if (strcmp(v, "stop") != 0 && strcmp(v, save ? "continue" : "skip") != 0) {
+        fprintf(stderr, "ffrun: %s expects stop or %s, got \"%s\"\n", a, save ? "continue" : "skip", v);
+        return FF_ERR_INPUT;
+      }
+      if (save)
+        c->train.continue_on_save_error = strcmp(v, "continue") == 0;
+      else
+        c->train.skip_nonfinite = strcmp(v, "skip") == 0;
     } else if (strcmp(a, "--throttle") == 0) {
       if (!(v = value(argc, argv, &i)) || parse_throttle(v, &c->train) != 0)
         return FF_ERR_INPUT;
@@ -328,7 +343,7 @@ static int train(cli *c, const ff_plan *plan, backend got, int *argc, char ***ar
   if (rank != 0)
     c->train.quiet = true; /* one progress line per step, from rank 0 */
   int rc = ff_train_distributed(plan, ff_kernels_cpu(c->threads), &c->train);
-  if (rc != FF_OK)
+  if (rc != FF_OK && rc < 128) /* a failure; a signal stop (128 + signal) ends every rank alike */
     MPI_Abort(MPI_COMM_WORLD, rc);
   MPI_Finalize();
   return rc;

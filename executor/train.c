@@ -15,6 +15,7 @@
 #include "data.h"
 #include "ff_cost.h"
 #include "model.h"
+#include "signals.h"
 
 static double now(void) {
   struct timespec ts;
@@ -35,6 +36,19 @@ void ff_throttle(double factor, double seconds) {
   struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
   while (nanosleep(&ts, &ts) != 0)
     ;
+}
+
+const char *ff_nonfinite_gradient(const float *grads, const void *tensors, int n_tensors,
+                                  int64_t step) {
+  const ff_tensor *t = tensors;
+  const char *inject = getenv("FF_INJECT_NAN_STEP");
+  if (inject && strtoll(inject, NULL, 10) == step && n_tensors > 0)
+    ((float *)grads)[t[n_tensors - 1].offset] = NAN;
+  for (int i = 0; i < n_tensors; i++)
+    for (int64_t j = 0; j < t[i].numel; j++)
+      if (!isfinite(grads[t[i].offset + j]))
+        return t[i].name;
+  return NULL;
 }
 
 double ff_learning_rate(const ff_training *t, int64_t step, int64_t total_steps) {
@@ -68,8 +82,10 @@ static int64_t global_tokens(const run *r) {
   return r->plan->training.global_batch * r->plan->model.seq_len;
 }
 
-/* One optimizer step: micro-batches, clipping, AdamW. Returns the loss. */
-static double train_step(run *r, int64_t step, double *grad_norm, double *lr, double *compute_s) {
+/* One optimizer step: micro-batches, clipping, AdamW. Returns the loss; *bad names the tensor
+ * whose gradient is not finite (then no update is made), or is NULL. */
+static double train_step(run *r, int64_t step, double *grad_norm, double *lr, double *compute_s,
+                         const char **bad) {
   const ff_plan_pipeline *pl = &r->plan->pipelines[0];
   const ff_training *t = &r->plan->training;
   int64_t S = r->plan->model.seq_len, b = pl->micro_batch_size;
@@ -86,10 +102,13 @@ static double train_step(run *r, int64_t step, double *grad_norm, double *lr, do
     ff_throttle(throttle, now() - t0);
   }
   *compute_s = now() - start;
+  *bad = ff_nonfinite_gradient(r->mr.grads, r->mr.tensors, r->mr.n_tensors, step);
   double sumsq = r->k->sum_squares(r->mr.grads, r->mr.n_params);
   *grad_norm = sqrt(sumsq);
-  double clip = t->grad_clip > 0 && *grad_norm > t->grad_clip ? t->grad_clip / *grad_norm : 1.0;
   *lr = ff_learning_rate(t, step, r->total_steps);
+  if (*bad || !isfinite(loss_sum))
+    return loss_sum / (double)global_tokens(r);
+  double clip = t->grad_clip > 0 && *grad_norm > t->grad_clip ? t->grad_clip / *grad_norm : 1.0;
   for (int i = 0; i < r->mr.n_tensors; i++) {
     const ff_tensor *x = &r->mr.tensors[i];
     r->k->adamw(r->mr.params + x->offset, r->mr.grads + x->offset, r->mr.m + x->offset,
@@ -143,26 +162,38 @@ static ff_status save(run *r, int64_t step) {
   return st;
 }
 
+/* The newest checkpoint that reads back intact; damaged ones are reported and passed over. */
 static ff_status resume(run *r, int64_t *done) {
-  char path[4096];
+  long long steps[4096];
+  int n = ff_checkpoint_list(r->o->checkpoint_dir, steps, 4096);
   *done = 0;
-  if (ff_checkpoint_latest(r->o->checkpoint_dir, path, sizeof path) != FF_OK) {
-    if (!r->o->quiet)
-      fprintf(stderr, "ffrun: no checkpoint in %s; starting from step 0\n", r->o->checkpoint_dir);
-    return FF_OK;
+  if (n == 0 && !r->o->quiet)
+    fprintf(stderr, "ffrun: no checkpoint in %s; starting from step 0\n", r->o->checkpoint_dir);
+  for (int i = 0; i < n; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/step-%08lld.safetensors", r->o->checkpoint_dir, steps[i]);
+    ff_ckpt_meta meta;
+    ff_diag d;
+    ff_diag_init(&d, path);
+    ff_status st = ff_checkpoint_load(path, &r->mr, r->model_digest, &meta, &d);
+    ff_diag_print(&d, stderr);
+    bool other_model = strstr(ff_diag_text(&d), "model_digest") != NULL;
+    ff_diag_free(&d);
+    if (st == FF_OK) {
+      *done = meta.step;
+      if (!r->o->quiet)
+        fprintf(stderr, "ffrun: resumed from %s at step %lld\n", path, (long long)meta.step);
+      return FF_OK;
+    }
+    if (other_model)
+      return FF_ERR_INPUT; /* not damage: the directory holds another model's run */
+    fprintf(stderr, "ffrun: %s cannot be used; trying an older checkpoint\n", path);
   }
-  ff_ckpt_meta meta;
-  ff_diag d;
-  ff_diag_init(&d, path);
-  ff_status st = ff_checkpoint_load(path, &r->mr, r->model_digest, &meta, &d);
-  ff_diag_print(&d, stderr);
-  ff_diag_free(&d);
-  if (st == FF_OK) {
-    *done = meta.step;
-    if (!r->o->quiet)
-      fprintf(stderr, "ffrun: resumed from %s at step %lld\n", path, (long long)meta.step);
+  if (n > 0) {
+    fprintf(stderr, "ffrun: no intact checkpoint in %s\n", r->o->checkpoint_dir);
+    return FF_ERR_INPUT;
   }
-  return st;
+  return FF_OK;
 }
 
 static ff_status setup(run *r) {
@@ -218,17 +249,36 @@ ff_status ff_train_one_rank(const ff_plan *plan, const ff_kernels *k, const ff_t
     fprintf(stderr, "%s: cannot open for writing metrics\n", o->metrics_file);
     st = FF_ERR_INPUT;
   }
+  ff_signals_install();
   for (int64_t step = done + 1; st == FF_OK && step <= r.stop_at; step++) {
     double norm, lr, compute_s, start = now();
-    double loss = train_step(&r, step, &norm, &lr, &compute_s);
+    const char *bad = NULL;
+    double loss = train_step(&r, step, &norm, &lr, &compute_s, &bad);
     report(&r, step, loss, norm, lr, now() - start, compute_s);
-    if (!isfinite(loss)) {
-      fprintf(stderr, "ffrun: the loss is %g at step %lld; stopping\n", loss, (long long)step);
-      st = FF_ERR_RUNTIME;
+    if (bad || !isfinite(loss)) {
+      fprintf(stderr, "ffrun: step %lld: %s%s is not finite (rank 0, pipeline 0, stage 0); %s\n",
+              (long long)step, bad ? "the gradient of " : "the loss", bad ? bad : "",
+              o->skip_nonfinite ? "the step is skipped (--on-nan skip)" : "stopping (--on-nan stop)");
+      if (!o->skip_nonfinite)
+        st = FF_ERR_RUNTIME;
+      continue;
     }
-    bool last = step == r.stop_at;
-    if (st == FF_OK && o->checkpoint_dir && (last || (o->checkpoint_every > 0 && step % o->checkpoint_every == 0)))
-      st = save(&r, step);
+    int sig = ff_signals_pending();
+    bool last = step == r.stop_at || sig;
+    if (o->checkpoint_dir && (last || (o->checkpoint_every > 0 && step % o->checkpoint_every == 0))) {
+      ff_status saved = save(&r, step);
+      if (saved != FF_OK && o->continue_on_save_error)
+        fprintf(stderr, "ffrun: continuing without this checkpoint (--on-save-error continue)\n");
+      else
+        st = saved;
+    }
+    if (sig) {
+      fprintf(stderr, "ffrun: stopped by %s after step %lld%s\n", ff_signal_name(sig),
+              (long long)step, o->checkpoint_dir ? " with a final checkpoint" : "");
+      if (st == FF_OK)
+        st = (ff_status)(128 + sig);
+      break;
+    }
   }
   if (r.metrics)
     fclose(r.metrics);

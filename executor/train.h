@@ -21,6 +21,8 @@ typedef struct ff_train_opts {
   bool checkpoint_gradients; /* save each step's gradients too (for verification) */
   const char *metrics_file;
   bool quiet;
+  bool continue_on_save_error; /* --on-save-error continue (default: stop) */
+  bool skip_nonfinite;         /* --on-nan skip (default: stop) */
   /* --throttle RANK=FACTOR: emulated slowdown per world rank (0 where not given) */
   double *throttle_by_rank;
   int n_throttle;
@@ -32,6 +34,11 @@ double ff_throttle_factor(const ff_train_opts *o, int rank, const ff_device *dev
 /* Wait (factor − 1) × `seconds` when factor > 1: what a device that many times slower would have
  * taken longer for work that took `seconds` here. A test and demo device only. */
 void ff_throttle(double factor, double seconds);
+
+/* The first tensor (in table order) whose gradient holds a NaN or an infinity, or NULL. A test
+ * hook, the environment variable FF_INJECT_NAN_STEP=N, poisons one gradient at step N. */
+const char *ff_nonfinite_gradient(const float *grads, const void *tensors, int n_tensors,
+                                  int64_t step);
 
 /* Learning rate at step t (1-based) from the training settings. */
 double ff_learning_rate(const ff_training *t, int64_t step, int64_t total_steps);

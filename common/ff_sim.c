@@ -6,7 +6,9 @@
  * on stage i needs stage i−1's forward of j plus the boundary transfer; the backward needs stage
  * i+1's backward of j plus the transfer back. The operations of all stages are run in one fixed
  * global order that meets every dependency (see run_1f1b), so each is visited once: O(p·m), a
- * few instructions per operation. */
+ * few instructions per operation. A finish time is read at most p + 1 rounds after it is written,
+ * so each stage keeps its last W = min(m, p + 2) finish times in a ring: memory O(p·W), never
+ * O(p·m) (a global batch of 10^9 sequences needs no more memory than one of 10^3). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,24 +25,29 @@ typedef struct sim {
   int p;
   int64_t m;
   const double *fwd, *bwd, *send_fwd, *send_bwd;
-  double *fdone, *bdone; /* [stage][micro-batch] finish times */
+  int64_t w;             /* ring length: micro-batch j's finish times live in slot j mod w */
+  double *fdone, *bdone; /* [stage][slot] finish times */
   double *free_at;
   int64_t *held, *peak;
 } sim;
 
+static size_t slot(const sim *s, int i, int64_t j) {
+  return (size_t)i * (size_t)s->w + (size_t)(j % s->w);
+}
+
 static void run_forward(sim *s, int i, int64_t j) {
-  double ready = i == 0 ? 0.0 : s->fdone[(size_t)(i - 1) * s->m + j] + (s->send_fwd ? s->send_fwd[i - 1] : 0.0);
+  double ready = i == 0 ? 0.0 : s->fdone[slot(s, i - 1, j)] + (s->send_fwd ? s->send_fwd[i - 1] : 0.0);
   double start = s->free_at[i] > ready ? s->free_at[i] : ready;
-  s->free_at[i] = s->fdone[(size_t)i * s->m + j] = start + s->fwd[i];
+  s->free_at[i] = s->fdone[slot(s, i, j)] = start + s->fwd[i];
   if (++s->held[i] > s->peak[i])
     s->peak[i] = s->held[i];
 }
 
 static void run_backward(sim *s, int i, int64_t j) {
-  double ready = i == s->p - 1 ? s->fdone[(size_t)i * s->m + j]
-                               : s->bdone[(size_t)(i + 1) * s->m + j] + (s->send_bwd ? s->send_bwd[i] : 0.0);
+  double ready = i == s->p - 1 ? s->fdone[slot(s, i, j)]
+                               : s->bdone[slot(s, i + 1, j)] + (s->send_bwd ? s->send_bwd[i] : 0.0);
   double start = s->free_at[i] > ready ? s->free_at[i] : ready;
-  s->free_at[i] = s->bdone[(size_t)i * s->m + j] = start + s->bwd[i];
+  s->free_at[i] = s->bdone[slot(s, i, j)] = start + s->bwd[i];
   s->held[i]--;
 }
 
@@ -81,27 +88,33 @@ static void run_1f1b(sim *s) {
     }
 }
 
+/* GPipe: every stage runs all forwards, then all backwards, each in micro-batch order. Running
+ * micro-batch j through all stages before j + 1 meets every dependency and gives each stage the
+ * same operation order. The last stage's first backward starts after its last forward, so its
+ * backwards never wait for a forward's finish time: the ring's slot may be reused. */
 static void run_gpipe(sim *s) {
-  for (int i = 0; i < s->p; i++)
-    for (int64_t j = 0; j < s->m; j++)
+  for (int64_t j = 0; j < s->m; j++)
+    for (int i = 0; i < s->p; i++)
       run_forward(s, i, j);
-  for (int i = s->p - 1; i >= 0; i--)
-    for (int64_t j = 0; j < s->m; j++)
+  for (int64_t j = 0; j < s->m; j++)
+    for (int i = s->p - 1; i >= 0; i--)
       run_backward(s, i, j);
 }
 
 double ff_sim_pipeline(ff_schedule schedule, int p, int64_t m, const double *fwd,
                        const double *bwd, const double *send_fwd, const double *send_bwd,
                        double *finish, double *busy, int64_t *peak) {
-  size_t cells = (size_t)p * (size_t)m;
+  int64_t w = m < (int64_t)p + 2 ? m : (int64_t)p + 2;
+  size_t cells = (size_t)p * (size_t)(w > 0 ? w : 1);
   double *times = malloc((2 * cells + (size_t)p) * sizeof *times);
   int64_t *counts = calloc(2 * (size_t)p, sizeof *counts);
   if (!times || !counts) {
     free(times), free(counts);
     return -1.0;
   }
-  sim s = {p, m, fwd, bwd, send_fwd, send_bwd, times, times + cells, times + 2 * cells,
-           counts, counts + p};
+  sim s = {.p = p, .m = m, .fwd = fwd, .bwd = bwd, .send_fwd = send_fwd, .send_bwd = send_bwd,
+           .w = w > 0 ? w : 1, .fdone = times, .bdone = times + cells, .free_at = times + 2 * cells,
+           .held = counts, .peak = counts + p};
   for (int i = 0; i < p; i++)
     s.free_at[i] = 0.0;
   if (schedule == FF_SCHEDULE_GPIPE)

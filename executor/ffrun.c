@@ -5,11 +5,13 @@
  * plainly it prints every rank; under mpirun (one process per plan rank) each process finds its
  * own role and rank 0 prints them in order, which checks that the launch matches the plan.
  * MPI is initialised only when the process was started by an MPI launcher. */
+#include <errno.h>
 #include <mpi.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "ff_format.h"
 #include "ff_gpu.h"
@@ -326,7 +328,38 @@ static int parse(int argc, char **argv, cli *c, bool *done) {
   return 0;
 }
 
+/* mkdir -p: the checkpoint directory and its parents; an existing directory is fine (every rank
+ * may race to create it). */
+static bool make_dirs(const char *dir) {
+  char path[4096];
+  if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) {
+    errno = ENAMETOOLONG;
+    return false;
+  }
+  for (char *p = path + 1;; p++) {
+    bool end = *p == '\0';
+    if (*p == '/' || end) {
+      *p = '\0';
+      struct stat st;
+      if (mkdir(path, 0777) != 0 && errno != EEXIST)
+        return false;
+      if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return false;
+      }
+      if (end)
+        return true;
+      *p = '/';
+    }
+  }
+}
+
 static int train(cli *c, const ff_plan *plan, backend got, int *argc, char ***argv) {
+  if (c->train.checkpoint_dir && !make_dirs(c->train.checkpoint_dir)) {
+    fprintf(stderr, "ffrun: --checkpoint-dir %s: cannot create it: %s\n", c->train.checkpoint_dir,
+            strerror(errno));
+    return FF_ERR_INPUT;
+  }
   if (got == BACKEND_CUDA)
     fprintf(stderr, "ffrun: the CUDA compute backend is not built yet; training on the CPU\n");
   if (!launched_by_mpi()) {

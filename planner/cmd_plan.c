@@ -72,6 +72,22 @@ int ffplan_cmd_plan(int argc, char **argv) {
       ff_model_free(&model);
     return FF_ERR_INPUT;
   }
+  /* The search simulates every candidate's pipelines micro-batch by micro-batch: bound the
+   * micro-batches an iteration can have so that planning stays within seconds per plan. */
+  int64_t smallest = training.micro_batch_sizes[0];
+  for (int i = 1; i < training.n_micro_batch_sizes; i++)
+    if (training.micro_batch_sizes[i] < smallest)
+      smallest = training.micro_batch_sizes[i];
+  if (training.global_batch / smallest > FF_PLAN_MAX_MICRO_BATCHES) {
+    fprintf(stderr, "ffplan plan: %s: global_batch %lld with a smallest micro-batch size of %lld "
+            "gives up to %lld micro-batches per iteration; the planner handles at most %d "
+            "(docs/planner.md, Limits): use larger micro_batch_sizes or a smaller global_batch\n",
+            training_file, (long long)training.global_batch, (long long)smallest,
+            (long long)(training.global_batch / smallest), FF_PLAN_MAX_MICRO_BATCHES);
+    ff_cluster_free(&cluster);
+    ff_model_free(&model);
+    return FF_ERR_INPUT;
+  }
   opts.progress = !quiet && isatty(STDERR_FILENO);
   double start = now_seconds();
   ff_search_result res;

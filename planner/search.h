@@ -16,6 +16,10 @@
 #include "ff_cost.h"
 #include "ff_format.h"
 
+/* The most micro-batches an iteration may have (global_batch / smallest micro-batch size) for
+ * ffplan plan: each candidate is simulated micro-batch by micro-batch (docs/planner.md, Limits). */
+#define FF_PLAN_MAX_MICRO_BATCHES (1 << 20)
+
 typedef enum ff_baseline { FF_BASELINE_NONE, FF_BASELINE_UNIFORM, FF_BASELINE_FLASHFLEX } ff_baseline;
 
 typedef struct ff_unit {

@@ -83,6 +83,8 @@ if kill -0 "$job" 2>/dev/null; then
 fi
 wait "$job"
 [ $? -ne 0 ] || fail "the job exited 0 after a rank was killed"
+checks=$((checks + 1))
+grep -q "process rank [0-9]* .* exited on signal 9" "$tmp/kill.log" || fail "the lost rank is not named"
 last=$(ls "$tmp/kill"/step-*.safetensors | tail -1)
 python3 "$compare" "$last" "$last" >/dev/null || fail "the last checkpoint ($last) is not readable"
 

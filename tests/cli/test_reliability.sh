@@ -80,6 +80,14 @@ checks=$((checks + 1))
 train_verbose --steps 3 --checkpoint-dir "$tmp/disk" --resume >"$tmp/log" 2>&1 && grep -q "resumed from .*step-00000002" "$tmp/log" ||
   fail "the checkpoints before the failed saves do not load"
 
+# A checkpoint directory that is missing is created; one that cannot be is refused up front.
+checks=$((checks + 3))
+train --steps 1 --checkpoint-dir "$tmp/new/nested/dir" || fail "a missing checkpoint directory"
+[ -e "$tmp/new/nested/dir/step-00000001.safetensors" ] || fail "the missing directory was not created"
+train --steps 1 --checkpoint-dir LICENSE/ckpt >"$tmp/log" 2>&1
+[ $? = 2 ] && grep -q "checkpoint-dir LICENSE/ckpt: cannot create it: Not a directory" "$tmp/log" ||
+  fail "a checkpoint directory that cannot exist is not refused with exit status 2"
+
 # Non-finite gradients.
 checks=$((checks + 4))
 FF_INJECT_NAN_STEP=3 train --steps 5 >"$tmp/log" 2>&1

@@ -298,6 +298,43 @@ static void measured_layer_times_take_precedence(void **state) {
   ff_diag_free(&d);
 }
 
+/* The largest model every reader bound allows: its parameter count is exact in int64 (checked
+ * against 128-bit arithmetic), and bytes and FLOPs, computed in double, stay finite. */
+static void sizes_of_the_largest_readable_model_cannot_overflow(void **state) {
+  (void)state;
+  ff_model m = {.layers = 100000, .hidden = 1 << 20, .heads = 1 << 20, .kv_heads = 1 << 20,
+                .ffn_hidden = 1 << 24, .vocab = 1 << 24, .seq_len = 1 << 24};
+  __int128 h = m.hidden, layer = 4 * h * h + 3 * h * m.ffn_hidden + 2 * h;
+  __int128 want = 2 * (__int128)m.vocab * h + m.layers * layer + h;
+  assert_true(want < INT64_MAX);
+  assert_true((__int128)ff_model_parameters(&m) == want);
+  double bytes =
+      (double)ff_model_parameters(&m) * ff_mem_bytes_per_param(FF_PRECISION_BF16, false, 1);
+  assert_true(isfinite(bytes) && bytes > 1e20);
+  double flops = ff_flops_model_per_token(&m) * (double)m.seq_len * 1e9; /* a batch of 10^9 */
+  assert_true(isfinite(flops) && flops > 0);
+  /* A 1T-parameter model: 18 bytes per parameter, exactly as counted. */
+  ff_model t = {.layers = 128, .hidden = 25600, .heads = 160, .kv_heads = 160, .ffn_hidden = 102400,
+                .vocab = 128000, .seq_len = 2048};
+  int64_t n = ff_model_parameters(&t);
+  assert_true(n > 1000000000000LL);
+  assert_true(ff_mem_bytes_per_param(FF_PRECISION_BF16, false, 1) * (double)n == 18.0 * (double)n);
+}
+
+/* The simulator keeps a ring of finish times, not one per micro-batch: 10^7 micro-batches of
+ * equal stages take exactly (m − 1)·max + Σ, in a few megabytes. */
+static void ten_million_micro_batches_simulate_exactly(void **state) {
+  (void)state;
+  double f[4] = {1, 1, 1, 1}, b[4] = {2, 2, 2, 2};
+  int64_t m = 10000000;
+  for (int sched = 0; sched < 2; sched++) {
+    double t = ff_sim_pipeline(sched ? FF_SCHEDULE_GPIPE : FF_SCHEDULE_1F1B, 4, m, f, b, NULL, NULL,
+                               NULL, NULL, NULL);
+    double want = sched ? ff_sim_gpipe_closed_form(4, m, f, b) : ff_sim_closed_form(4, m, f, b);
+    assert_true(t == want);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(activation_memory_matches_korthikanti_figure_1_exactly),
@@ -312,6 +349,8 @@ int main(void) {
       cmocka_unit_test(mixed_precision_takes_18_bytes_per_parameter),
       cmocka_unit_test(ring_allreduce_follows_the_alpha_beta_formula),
       cmocka_unit_test(measured_layer_times_take_precedence),
+      cmocka_unit_test(sizes_of_the_largest_readable_model_cannot_overflow),
+      cmocka_unit_test(ten_million_micro_batches_simulate_exactly),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

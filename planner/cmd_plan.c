@@ -88,6 +88,18 @@ int ffplan_cmd_plan(int argc, char **argv) {
     ff_model_free(&model);
     return FF_ERR_INPUT;
   }
+  int64_t stage_counts = model.layers < cluster.total_gpus ? model.layers : cluster.total_gpus;
+  if (stage_counts * cluster.total_gpus > FF_PLAN_MAX_STAGE_GPU_PRODUCT) {
+    fprintf(stderr, "ffplan plan: %s with %s: %lld GPUs and %lld layers mean up to %lld stage "
+            "counts of %lld GPUs each to search (%lld); the planner handles at most %lld "
+            "(docs/planner.md, Limits): plan a part of the cluster, or a model of fewer layers\n",
+            cluster_file, model_file, (long long)cluster.total_gpus, (long long)model.layers,
+            (long long)stage_counts, (long long)cluster.total_gpus,
+            (long long)(stage_counts * cluster.total_gpus), FF_PLAN_MAX_STAGE_GPU_PRODUCT);
+    ff_cluster_free(&cluster);
+    ff_model_free(&model);
+    return FF_ERR_INPUT;
+  }
   opts.progress = !quiet && isatty(STDERR_FILENO);
   double start = now_seconds();
   ff_search_result res;

@@ -19,6 +19,9 @@
 /* The most micro-batches an iteration may have (global_batch / smallest micro-batch size) for
  * ffplan plan: each candidate is simulated micro-batch by micro-batch (docs/planner.md, Limits). */
 #define FF_PLAN_MAX_MICRO_BATCHES (1 << 20)
+/* The most stage counts × GPUs for ffplan plan: the search tries up to min(layers, GPUs) stage
+ * counts, each in time linear in the GPUs (docs/planner.md, Limits). */
+#define FF_PLAN_MAX_STAGE_GPU_PRODUCT (1LL << 24)
 
 typedef enum ff_baseline { FF_BASELINE_NONE, FF_BASELINE_UNIFORM, FF_BASELINE_FLASHFLEX } ff_baseline;
 

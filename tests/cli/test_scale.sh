@@ -31,6 +31,8 @@ for gb in (1, 10**9):
     json.dump(dict(t, global_batch=gb), open(f"{tmp}/gb{gb}.json", "w"))
 m = json.load(open("profiles/models/llama-2-7b.json"))
 json.dump(dict(m, name="llama-10k-layers", layers=10000), open(f"{tmp}/layers10k.json", "w"))
+json.dump(dict(m, name="narrow-10k-layers", layers=10000, hidden=512, heads=8, kv_heads=8,
+               ffn_hidden=1376), open(f"{tmp}/narrow10k.json", "w"))
 PY
 
 # A global batch of 10^9 sequences: refused before searching, naming the limit.
@@ -46,9 +48,18 @@ expect 0 "" -- "$ffplan" check "$tmp/p1.json"
 expect 3 "no plan fits: model states need .* GiB per replica" -- "$ffplan" plan \
   --cluster profiles/clusters/flashflex-b.json --model "$tmp/layers10k.json" \
   --training profiles/training/pretrain.json -o "$tmp/p10k.json"
+# 10,000 narrow layers do fit, and are planned.
+expect 0 "ranks in .* pipelines, predicted" -- "$ffplan" plan --cluster profiles/clusters/flashflex-b.json \
+  --model "$tmp/narrow10k.json" --training profiles/training/pretrain.json -o "$tmp/pn.json"
+expect 0 "" -- "$ffplan" check "$tmp/pn.json"
 # 100,000 GPUs: read, validated and summarised.
 "$gen" --gpus 100000 -o "$tmp/c100k.json" >/dev/null 2>&1 || fail "gen_cluster --gpus 100000"
 expect 0 "" -- "$ffplan" validate "$tmp/c100k.json"
+# 100,000 GPUs with 10,000 layers: beyond the search's stage-count limit, refused up front.
+expect 2 "100000 GPUs and 10000 layers .* the planner handles at most 16777216" -- "$ffplan" plan \
+  --cluster "$tmp/c100k.json" --model "$tmp/layers10k.json" \
+  --training profiles/training/pretrain.json -o "$tmp/p.json"
+[ -e "$tmp/p.json" ] && fail "a refused plan left a file"
 # ... and planned (a minute in the plain build; the sanitized build skips this one).
 if [ "$mode" = plain ]; then
   expect 0 "ranks in .* pipelines, predicted" -- "$ffplan" plan --cluster "$tmp/c100k.json" \

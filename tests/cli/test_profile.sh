@@ -2,8 +2,8 @@
 # test_profile.sh FFPLAN FFRUN — measuring and fitting cluster profiles:
 #  * `ffrun profile` on 2 and 4 CPU ranks writes a valid cluster whose compute and link figures
 #    are positive and plausible; ranks throttled alike become a virtual node of their own device
-#    type; a second profile agrees with the first within a factor of 3 (timings on a shared
-#    2-core machine; the tolerance is stated here so it can be tightened on quiet machines);
+#    type; a second profile has the same device types and nodes (its timings differ from run to
+#    run and are not compared: bench/bench_hetero.sh measures them);
 #  * `ffplan calibrate` on metrics synthesised from a cluster with known factors (compute 2x
 #    slower, links 3x slower) recovers those factors.
 set -u
@@ -45,9 +45,10 @@ for c in (a, b):
         check(0.05 < d["memory_bandwidth_gb_per_s"] < 1000, "memory bandwidth is plausible")
         check(all(l["forward_ms"] > 0 and l["backward_ms"] > 0 for l in d["measured"]["layers"]), "layer times")
     check(c["network"]["default"]["bandwidth_gb_per_s"] > 0, "the link between the nodes")
-for da, db in zip(a["device_types"], b["device_types"]):
-    r = da["peak_tflops"]["fp32"] / db["peak_tflops"]["fp32"]
-    check(1 / 3 < r < 3, "%s GEMM figures within a factor of 3 of each other (%.2f)" % (da["name"], r))
+# Timings are not compared between the runs (tests assert no wall-clock figures); the structure is.
+check([d["name"] for d in a["device_types"]] == [d["name"] for d in b["device_types"]],
+      "both runs name the same device types")
+check([x["gpus"] for x in a["nodes"]] == [x["gpus"] for x in b["nodes"]], "both runs find the same nodes")
 sys.exit(0 if ok else 1)
 PY
 done

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# build.sh [OUT] — build the libFuzzer harnesses with clang (ASan + UBSan + libFuzzer) into OUT
+# build.sh [OUT [TARGET...]] — build the libFuzzer harnesses (all, or the TARGETs named) with clang (ASan + UBSan + libFuzzer) into OUT
 # (default build-fuzz/), one binary per target: fuzz_device, fuzz_cluster, fuzz_model,
 # fuzz_training, fuzz_plan, fuzz_tokens, fuzz_checkpoint, fuzz_check, fuzz_diff.
 # Run one for 10 minutes on its corpus:
 #   build-fuzz/fuzz_plan -max_total_time=600 -timeout=10 tests/fuzz/corpus/plan </dev/null
+# (add -close_fd_mask=2 for fuzz_diff, whose messages would flood the log)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-build-fuzz}
+only=("${@:2}")
 mkdir -p "$out"
 common=(common/ff_diag.c common/ff_json.c common/ff_format.c common/ff_device.c common/ff_cluster.c
         common/ff_model.c common/ff_plan.c common/ff_summary.c common/ff_cost.c common/ff_sim.c common/ff_eval.c)
@@ -20,6 +22,9 @@ targets=(device:1 cluster:2 model:3 training:4 plan:5 tokens:6 checkpoint:7 chec
 for t in "${targets[@]}"; do
   name=${t%%:*}
   id=${t##*:}
+  if ((${#only[@]})) && [[ " ${only[*]} " != *" $name "* ]]; then
+    continue
+  fi
   extra=()
   case $name in
     tokens|checkpoint) extra=("${executor[@]}" -lopenblas) ;;

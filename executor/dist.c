@@ -813,9 +813,10 @@ ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const f
         fprintf(stderr, "ffrun: step %lld: %s is not finite; %s\n", (long long)step,
                 bad ? "a gradient" : "the loss",
                 o->skip_nonfinite ? "the step is skipped (--on-nan skip)" : "stopping (--on-nan stop)");
-      if (!o->skip_nonfinite)
+      if (!o->skip_nonfinite) {
         st = FF_ERR_RUNTIME;
-      continue;
+        continue;
+      } /* a skipped step goes on to the checkpoint and signal checks below */
     }
     float sig = (float)ff_signals_pending(); /* a signal to any rank stops every rank */
     d.c->allreduce_max(d.world, &sig, 1);

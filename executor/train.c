@@ -259,9 +259,10 @@ ff_status ff_train_one_rank(const ff_plan *plan, const ff_kernels *k, const ff_t
       fprintf(stderr, "ffrun: step %lld: %s%s is not finite (rank 0, pipeline 0, stage 0); %s\n",
               (long long)step, bad ? "the gradient of " : "the loss", bad ? bad : "",
               o->skip_nonfinite ? "the step is skipped (--on-nan skip)" : "stopping (--on-nan stop)");
-      if (!o->skip_nonfinite)
+      if (!o->skip_nonfinite) {
         st = FF_ERR_RUNTIME;
-      continue;
+        continue;
+      } /* a skipped step goes on to the checkpoint and signal checks below */
     }
     int sig = ff_signals_pending();
     bool last = step == r.stop_at || sig;

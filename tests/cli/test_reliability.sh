@@ -97,6 +97,15 @@ grep -q "step 3: the gradient of lm_head is not finite (rank 0, pipeline 0, stag
 FF_INJECT_NAN_STEP=3 train --steps 5 --on-nan skip --metrics "$tmp/nan.jsonl" >"$tmp/log" 2>&1 || fail "--on-nan skip"
 [ "$(wc -l <"$tmp/nan.jsonl")" = 5 ] || fail "--on-nan skip did not go on"
 
+checks=$((checks + 1))
+FF_INJECT_NAN_STEP=3 train --steps 3 --on-nan skip --checkpoint-dir "$tmp/nanskip" >/dev/null 2>&1
+[ -e "$tmp/nanskip/step-00000003.safetensors" ] || fail "a skipped last step lost the final checkpoint"
+checks=$((checks + 2))
+FF_INJECT_NAN_STEP=2 mpirun -np 8 "$ffrun" tests/plans/pp4-tp-1-2-4-1.json --text LICENSE --steps 3 \
+  --quiet >"$tmp/mpinan.log" 2>&1 && fail "mpirun: a non-finite gradient did not stop the job"
+grep -q "step 2: the gradient of .* is not finite on rank [0-9] (pipeline 0, stage [0-9])" "$tmp/mpinan.log" ||
+  fail "mpirun: a non-finite gradient is not reported with its rank, stage and tensor"
+
 # Damaged checkpoints.
 train --steps 3 --checkpoint-dir "$tmp/dmg" --checkpoint-every 1 || fail "the run before the damage"
 newest=$tmp/dmg/step-00000003.safetensors

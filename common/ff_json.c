@@ -1000,3 +1000,15 @@ uint64_t ff_fnv1a64(const void *data, size_t len) {
   }
   return h;
 }
+
+ff_status ff_write_json_atomic(const char *file, const cJSON *root, ff_diag *d) {
+  ff_buf text = {0};
+  ff_json_write(root, &text);
+  ff_status st = FF_ERR_RUNTIME;
+  if (text.failed)
+    ff_diag_error(d, NULL, "out of memory rendering the document");
+  else
+    st = ff_write_file_atomic(file, text.data, text.len, d);
+  ff_buf_free(&text);
+  return st;
+}

@@ -110,6 +110,9 @@ void ff_format_double(double x, char out[32]);
 void ff_json_write(const cJSON *root, ff_buf *b);
 /* Write data to file via a temporary in the same directory, fsync and rename. "-" is stdout. */
 ff_status ff_write_file_atomic(const char *file, const char *data, size_t len, ff_diag *d);
+/* Render `root` canonically (ff_json_write) and write it with ff_write_file_atomic; a document
+ * that cannot be rendered (out of memory) is not written. */
+ff_status ff_write_json_atomic(const char *file, const cJSON *root, ff_diag *d);
 
 /* FNV-1a 64-bit hash, for input digests. */
 uint64_t ff_fnv1a64(const void *data, size_t len);

@@ -387,14 +387,11 @@ int ff_profile(int argc, char **argv, const ff_train_opts *o, const char *out, c
   int rc = FF_OK;
   if (rank == 0) {
     cJSON *tree = build_cluster(all, size, mp, net_gbs, net_us);
-    ff_buf text = {0};
-    ff_json_write(tree, &text);
-    cJSON_Delete(tree);
     ff_diag_init(&d, out);
-    rc = ff_write_file_atomic(out, text.data, text.len, &d);
+    rc = ff_write_json_atomic(out, tree, &d);
+    cJSON_Delete(tree);
     ff_diag_print(&d, stderr);
     ff_diag_free(&d);
-    ff_buf_free(&text);
     if (rc == FF_OK && !o->quiet)
       fprintf(stderr, "ffrun profile: wrote %s\n", out);
   }

@@ -259,14 +259,11 @@ int ffplan_cmd_calibrate(int argc, char **argv) {
     }
     print_errors(&bound, &m, before, after, it_before, it_after);
     cJSON *tree = ff_cluster_to_json(&c, true, false);
-    ff_buf text = {0};
-    ff_json_write(tree, &text);
-    cJSON_Delete(tree);
     ff_diag_init(&d, out);
-    rc = ff_write_file_atomic(out, text.data, text.len, &d);
+    rc = ff_write_json_atomic(out, tree, &d);
+    cJSON_Delete(tree);
     ff_diag_print(&d, stderr);
     ff_diag_free(&d);
-    ff_buf_free(&text);
   }
   free(before), free(after), free(m.stage);
   if (have_c)

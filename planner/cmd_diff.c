@@ -407,21 +407,6 @@ static void print_text(const diff *df, bool same, bool permuted, const ff_plan_e
          y->peak_memory_bytes / FF_GIB);
 }
 
-static int load(const char *file, ff_plan *plan, ff_plan_eval *e) {
-  ff_diag d;
-  ff_diag_init(&d, file);
-  ff_status st = ff_load_plan(file, &d, plan);
-  ff_diag_print(&d, stderr);
-  ff_diag_free(&d);
-  if (st != FF_OK)
-    return st;
-  if (ff_evaluate_plan(plan, e) != FF_OK) {
-    ff_plan_free(plan);
-    return FF_ERR_RUNTIME;
-  }
-  return FF_OK;
-}
-
 int ffplan_cmd_diff(int argc, char **argv) {
   const char *files[2] = {NULL, NULL};
   bool json = false;
@@ -442,10 +427,10 @@ int ffplan_cmd_diff(int argc, char **argv) {
   }
   ff_plan a, b;
   ff_plan_eval ea, eb;
-  int rc = load(files[0], &a, &ea);
+  int rc = ffplan_load_and_eval(files[0], &a, &ea);
   if (rc != FF_OK)
     return rc;
-  if ((rc = load(files[1], &b, &eb)) != FF_OK) {
+  if ((rc = ffplan_load_and_eval(files[1], &b, &eb)) != FF_OK) {
     ff_plan_eval_free(&ea);
     ff_plan_free(&a);
     return rc;

@@ -111,14 +111,11 @@ int ffplan_cmd_plan(int argc, char **argv) {
     fprintf(stderr, "ffplan plan: out of memory while searching\n");
   } else {
     cJSON *tree = ff_plan_to_json(&res.plan);
-    ff_buf text = {0};
-    ff_json_write(tree, &text);
-    cJSON_Delete(tree);
     ff_diag_init(&d, out);
-    st = text.failed ? FF_ERR_RUNTIME : ff_write_file_atomic(out, text.data, text.len, &d);
+    st = ff_write_json_atomic(out, tree, &d);
+    cJSON_Delete(tree);
     ff_diag_print(&d, stderr);
     ff_diag_free(&d);
-    ff_buf_free(&text);
     if (st == FF_OK && !quiet) {
       const ff_predicted *pr = &res.plan.predicted;
       fprintf(stderr, "ffplan plan: %lld ranks in %d pipelines, predicted %.4f s per iteration, "

@@ -157,7 +157,7 @@ static void show_idle(const ff_plan *plan) {
            idle == 1 ? "is" : "are");
 }
 
-static int load_and_eval(const char *file, ff_plan *plan, ff_plan_eval *e) {
+int ffplan_load_and_eval(const char *file, ff_plan *plan, ff_plan_eval *e) {
   ff_diag d;
   ff_diag_init(&d, file);
   ff_status st = ff_load_plan(file, &d, plan);
@@ -180,7 +180,7 @@ int ffplan_cmd_show(int argc, char **argv) {
   }
   ff_plan plan;
   ff_plan_eval e;
-  int rc = load_and_eval(argv[0], &plan, &e);
+  int rc = ffplan_load_and_eval(argv[0], &plan, &e);
   if (rc != FF_OK)
     return rc;
   show_header(&plan, &e);
@@ -290,7 +290,7 @@ int ffplan_cmd_check(int argc, char **argv) {
   }
   ff_plan plan;
   ff_plan_eval e;
-  int rc = load_and_eval(file, &plan, &e);
+  int rc = ffplan_load_and_eval(file, &plan, &e);
   if (rc != FF_OK)
     return rc;
   ff_diag d;

@@ -11,6 +11,7 @@
 
 #include "cmd_review.h"
 #include "cmd_svg.h"
+#include "ffplan_cmds.h"
 
 #define GPU_H 30.0
 #define CELL_H 18.0
@@ -535,20 +536,9 @@ int ffplan_cmd_svg(int argc, char **argv) {
   if (rc != FF_OK)
     return rc;
   ff_plan plan;
-  ff_diag d;
-  ff_diag_init(&d, a.plan_file);
-  ff_status st = ff_load_plan(a.plan_file, &d, &plan);
-  ff_diag_print(&d, stderr);
-  ff_diag_free(&d);
-  if (st != FF_OK)
-    return st;
   ff_plan_eval e;
-  st = ff_evaluate_plan(&plan, &e);
-  if (st != FF_OK) {
-    fprintf(stderr, "ffplan svg: out of memory evaluating %s\n", a.plan_file);
-    ff_plan_free(&plan);
-    return st;
-  }
+  if ((rc = ffplan_load_and_eval(a.plan_file, &plan, &e)) != FF_OK)
+    return rc;
   rc = draw_and_write(&plan, &e, &a);
   ff_plan_eval_free(&e);
   ff_plan_free(&plan);

@@ -15,18 +15,41 @@
 #ifndef FF_KERNELS_H
 #define FF_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a backend's allocations hold now and at most, and (on a GPU) what the device reports. */
+typedef struct ff_kernel_memory {
+  int64_t allocated_bytes, peak_bytes;           /* through alloc/release */
+  int64_t device_used_bytes, device_total_bytes; /* whole device, all processes; 0 on the CPU */
+} ff_kernel_memory;
+
+/* How the CUDA backend's matmuls compute (storage is fp32 either way): fp32 on CUDA cores, or
+ * bf16 tensor cores with fp32 accumulation (inputs rounded to bf16 inside cuBLAS). */
+typedef enum ff_kernel_math { FF_MATH_FP32, FF_MATH_BF16 } ff_kernel_math;
+
 typedef struct ff_kernels {
   const char *name; /* "cpu", "cuda" */
+  bool host_memory; /* buffers from alloc are ordinary host memory the caller may touch */
 
-  /* Memory of the backend (host memory on the CPU backend). */
+  /* Memory of the backend (host memory on the CPU backend). Copies are ordered after the work
+   * already issued; to_host returns once the data is on the host. */
   void *(*alloc)(size_t bytes);      /* zero-filled; NULL on failure */
   void (*release)(void *p);
   void (*zero)(void *p, size_t bytes);
   void (*to_device)(void *dst, const void *host_src, size_t bytes);
   void (*to_host)(void *host_dst, const void *src, size_t bytes);
+  /* Host memory for staging transfers (page-locked on the CUDA backend); zero-filled. */
+  void *(*alloc_host)(size_t bytes);
+  void (*release_host)(void *p);
+  /* Wait until all issued work has finished (timers call this). */
+  void (*sync)(void);
+  void (*memory)(ff_kernel_memory *out);
 
   /* out(N, Out) = inp(N, In) · w(Out, In)ᵀ */
   void (*matmul_fwd)(float *out, const float *inp, const float *w, int N, int In, int Out);
@@ -103,4 +126,14 @@ typedef struct ff_kernels {
 /* The CPU backend (always present). threads: BLAS threads per rank (1 by default). */
 const ff_kernels *ff_kernels_cpu(int threads);
 
+/* The CUDA backend on GPU `device` of this process, or NULL with the reason in why (when the
+ * build has no CUDA, no GPU answers, or the device cannot be set up). One per process: a second
+ * call returns the same table. A failed CUDA call later prints what failed and where, then calls
+ * on_fatal(1) (which must not return; NULL: exit(1)). */
+const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math, void (*on_fatal)(int status),
+                                  char *why, size_t why_cap);
+
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -11,6 +11,7 @@
  * Pointers marked restrict must not alias; the header allows only add's out == a and
  * ce_loss_grad's dlogits == logits, and those two are written without restrict. */
 #include <assert.h>
+#include <stdint.h>
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -30,16 +31,38 @@ enum {
 
 /* ---- memory ----------------------------------------------------------------------------- */
 
+/* What alloc holds now and at most: one process, one thread of allocation, so plain counters.
+ * Each block carries its size in a header one alignment unit long, ahead of the pointer. */
+static int64_t cpu_allocated_bytes, cpu_peak_bytes;
+
 static void *cpu_alloc(size_t bytes) {
   size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
-  if (rounded < bytes) return NULL; /* overflow */
-  if (rounded == 0) rounded = CPU_ALIGN; /* NULL means failure only */
-  void *p = aligned_alloc(CPU_ALIGN, rounded);
-  if (p) memset(p, 0, rounded);
-  return p;
+  if (rounded < bytes || rounded > SIZE_MAX - CPU_ALIGN) return NULL; /* overflow */
+  char *base = aligned_alloc(CPU_ALIGN, rounded + CPU_ALIGN);
+  if (!base) return NULL;
+  memset(base + CPU_ALIGN, 0, rounded);
+  memcpy(base, &rounded, sizeof rounded);
+  cpu_allocated_bytes += (int64_t)rounded;
+  if (cpu_allocated_bytes > cpu_peak_bytes) cpu_peak_bytes = cpu_allocated_bytes;
+  return base + CPU_ALIGN;
 }
 
-static void cpu_release(void *p) { free(p); }
+static void cpu_release(void *p) {
+  if (!p) return;
+  char *base = (char *)p - CPU_ALIGN;
+  size_t rounded;
+  memcpy(&rounded, base, sizeof rounded);
+  cpu_allocated_bytes -= (int64_t)rounded;
+  free(base);
+}
+
+static void cpu_sync(void) {}
+
+static void cpu_memory(ff_kernel_memory *out) {
+  out->allocated_bytes = cpu_allocated_bytes;
+  out->peak_bytes = cpu_peak_bytes;
+  out->device_used_bytes = out->device_total_bytes = 0;
+}
 
 static void cpu_zero(void *p, size_t bytes) {
   if (bytes) memset(p, 0, bytes);
@@ -432,11 +455,16 @@ static double sum_squares(const float *restrict x, int64_t n) {
 
 static const ff_kernels cpu_kernels = {
     .name = "cpu",
+    .host_memory = true,
     .alloc = cpu_alloc,
     .release = cpu_release,
     .zero = cpu_zero,
     .to_device = cpu_copy,
     .to_host = cpu_copy,
+    .alloc_host = cpu_alloc,
+    .release_host = cpu_release,
+    .sync = cpu_sync,
+    .memory = cpu_memory,
     .matmul_fwd = matmul_fwd,
     .matmul_bwd = matmul_bwd,
     .embedding_fwd = embedding_fwd,

@@ -1,0 +1,614 @@
+/* ff_kernels_cuda.cu — the CUDA backend of ff_kernels.h: device memory, matmuls through
+ * cuBLASLt, and a kernel per remaining operation, all on one stream per process. Storage is fp32
+ * like the CPU backend, so the two are compared element for element; with FF_MATH_BF16 the
+ * matmuls run on bf16 tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF).
+ *
+ * Every reduction has a fixed shape (no atomics), so a run repeats bit for bit on the same GPU.
+ * Attention lives in ff_attention_cuda.cu. The backend is one per process: the table interface
+ * carries no context, so the stream, the cuBLASLt handle and the allocation ledger sit in one
+ * static struct set up by ff_kernels_cuda(). */
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../ff_kernels.h"
+#include "ff_cuda_common.cuh"
+
+extern "C" void ff_cuda_attention_fwd(float *out, float *lse, const float *q, const float *k,
+                                      const float *v, int B, int S, int Hq, int Hkv, int D,
+                                      int q_first, int kv_first, int group);
+extern "C" void ff_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout,
+                                      const float *out, const float *lse, const float *q,
+                                      const float *k, const float *v, int B, int S, int Hq,
+                                      int Hkv, int D, int q_first, int kv_first, int group);
+
+enum {
+  THREADS = 256,
+  SUMSQ_BLOCKS = 512,           /* fixed: the reduction's order depends on it */
+  EMBED_BUCKETS = 32,           /* vocabulary rows per column split over this many threads */
+  GEMM_CACHE = 128,             /* distinct matmul shapes remembered with their algorithm */
+  WORKSPACE_BYTES = 32 << 20,   /* cuBLASLt workspace */
+};
+
+typedef struct gemm_entry {
+  int ta, tb, m, n, k, lda, ldb, ldc, accumulate, align_a, align_b, align_c;
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, c;
+  cublasLtMatmulAlgo_t algo;
+  bool lt; /* false: cuBLASLt offered no algorithm, cublasGemmEx runs it */
+} gemm_entry;
+
+typedef struct alloc_entry {
+  void *p;
+  size_t bytes;
+} alloc_entry;
+
+static struct cuda_backend {
+  bool ready;
+  int device;
+  ff_kernel_math math;
+  void (*on_fatal)(int status);
+  cudaStream_t stream;
+  cublasLtHandle_t lt;
+  cublasHandle_t blas;
+  void *workspace;
+  double *sumsq_partial; /* SUMSQ_BLOCKS + 1 */
+  gemm_entry gemm[GEMM_CACHE];
+  int n_gemm;
+  alloc_entry *allocs;
+  int n_allocs, cap_allocs;
+  int64_t allocated_bytes, peak_bytes;
+} g;
+
+cudaStream_t ff_cuda_stream(void) { return g.stream; }
+
+void ff_cuda_fatal(const char *file, int line, const char *call, const char *message) {
+  const char *base = strrchr(file, '/');
+  fprintf(stderr, "cuda backend: %s failed (%s:%d): %s\n", call, base ? base + 1 : file, line,
+          message);
+  fflush(stderr);
+  if (g.on_fatal) g.on_fatal(1);
+  exit(1);
+}
+
+#define FF_CUBLAS_CHECK(call)                                                                  \
+  do {                                                                                         \
+    cublasStatus_t ff_st_ = (call);                                                            \
+    if (ff_st_ != CUBLAS_STATUS_SUCCESS)                                                       \
+      ff_cuda_fatal(__FILE__, __LINE__, #call, cublasGetStatusString(ff_st_));                 \
+  } while (0)
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+static void *cuda_alloc(size_t bytes) {
+  void *p = NULL;
+  if (bytes == 0) bytes = 256; /* NULL means failure only */
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    cudaGetLastError(); /* out of memory is the caller's to report, not sticky */
+    return NULL;
+  }
+  if (g.n_allocs == g.cap_allocs) {
+    int cap = g.cap_allocs ? 2 * g.cap_allocs : 64;
+    alloc_entry *grown = (alloc_entry *)realloc(g.allocs, (size_t)cap * sizeof *grown);
+    if (!grown) {
+      cudaFree(p);
+      return NULL;
+    }
+    g.allocs = grown;
+    g.cap_allocs = cap;
+  }
+  g.allocs[g.n_allocs++] = (alloc_entry){p, bytes};
+  g.allocated_bytes += (int64_t)bytes;
+  if (g.allocated_bytes > g.peak_bytes) g.peak_bytes = g.allocated_bytes;
+  FF_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g.stream));
+  return p;
+}
+
+static void cuda_release(void *p) {
+  if (!p) return;
+  for (int i = 0; i < g.n_allocs; i++)
+    if (g.allocs[i].p == p) {
+      g.allocated_bytes -= (int64_t)g.allocs[i].bytes;
+      g.allocs[i] = g.allocs[--g.n_allocs];
+      break;
+    }
+  FF_CUDA_CHECK(cudaFree(p));
+}
+
+static void cuda_zero(void *p, size_t bytes) {
+  if (bytes) FF_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g.stream));
+}
+
+/* Either direction (unified addressing tells host from device); the host side may be pageable
+ * and reused at once, so both wait for the copy. */
+static void cuda_copy(void *dst, const void *src, size_t bytes) {
+  if (!bytes) return;
+  FF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g.stream));
+  FF_CUDA_CHECK(cudaStreamSynchronize(g.stream));
+}
+
+static void *cuda_alloc_host(size_t bytes) {
+  void *p = NULL;
+  if (bytes == 0) bytes = 64;
+  if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return NULL;
+  }
+  memset(p, 0, bytes);
+  return p;
+}
+
+static void cuda_release_host(void *p) {
+  if (p) FF_CUDA_CHECK(cudaFreeHost(p));
+}
+
+static void cuda_sync(void) { FF_CUDA_CHECK(cudaStreamSynchronize(g.stream)); }
+
+static void cuda_memory(ff_kernel_memory *out) {
+  size_t free_bytes = 0, total_bytes = 0;
+  FF_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  out->allocated_bytes = g.allocated_bytes;
+  out->peak_bytes = g.peak_bytes;
+  out->device_used_bytes = (int64_t)(total_bytes - free_bytes);
+  out->device_total_bytes = (int64_t)total_bytes;
+}
+
+/* ---- matmul ----------------------------------------------------------------------------- */
+
+static int alignment_of(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  int align = 16;
+  while (align > 4 && a % (uintptr_t)align) align /= 2;
+  return align;
+}
+
+/* Descriptors and the heuristic's algorithm for one shape, made on first use. */
+static gemm_entry *gemm_plan(const gemm_entry *key) {
+  for (int i = 0; i < g.n_gemm; i++) {
+    gemm_entry *e = &g.gemm[i];
+    if (e->ta == key->ta && e->tb == key->tb && e->m == key->m && e->n == key->n &&
+        e->k == key->k && e->lda == key->lda && e->ldb == key->ldb && e->ldc == key->ldc &&
+        e->accumulate == key->accumulate && e->align_a == key->align_a &&
+        e->align_b == key->align_b && e->align_c == key->align_c)
+      return e;
+  }
+  gemm_entry *e = g.n_gemm < GEMM_CACHE ? &g.gemm[g.n_gemm++] : &g.gemm[GEMM_CACHE - 1];
+  if (e == &g.gemm[GEMM_CACHE - 1] && g.n_gemm == GEMM_CACHE && e->op) {
+    cublasLtMatrixLayoutDestroy(e->a); /* a full cache recycles its last slot */
+    cublasLtMatrixLayoutDestroy(e->b);
+    cublasLtMatrixLayoutDestroy(e->c);
+    cublasLtMatmulDescDestroy(e->op);
+  }
+  *e = *key;
+  cublasComputeType_t compute =
+      g.math == FF_MATH_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+  FF_CUBLAS_CHECK(cublasLtMatmulDescCreate(&e->op, compute, CUDA_R_32F));
+  cublasOperation_t ta = e->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = e->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  FF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  FF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  FF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->a, CUDA_R_32F, e->ta ? e->k : e->m,
+                                             e->ta ? e->m : e->k, e->lda));
+  FF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->b, CUDA_R_32F, e->tb ? e->n : e->k,
+                                             e->tb ? e->k : e->n, e->ldb));
+  FF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->c, CUDA_R_32F, e->m, e->n, e->ldc));
+  cublasLtMatmulPreference_t pref;
+  FF_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t ws = WORKSPACE_BYTES;
+  uint32_t al[3] = {(uint32_t)e->align_a, (uint32_t)e->align_b, (uint32_t)e->align_c};
+  FF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  FF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]));
+  FF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof al[1]));
+  FF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]));
+  FF_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof al[2]));
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g.lt, e->op, e->a, e->b, e->c, e->c, pref, 1,
+                                                     &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  e->lt = st == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (e->lt) e->algo = result.algo;
+  return e;
+}
+
+/* Column-major C(m, n) = op(A) · op(B) (+ C when accumulate), cuBLAS's convention. */
+static void gemm(int ta, int tb, int m, int n, int k, const float *A, int lda, const float *B,
+                 int ldb, bool accumulate, float *C, int ldc) {
+  gemm_entry key;
+  memset(&key, 0, sizeof key);
+  key.ta = ta; key.tb = tb; key.m = m; key.n = n; key.k = k;
+  key.lda = lda; key.ldb = ldb; key.ldc = ldc; key.accumulate = accumulate;
+  key.align_a = alignment_of(A); key.align_b = alignment_of(B); key.align_c = alignment_of(C);
+  gemm_entry *e = gemm_plan(&key);
+  float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (e->lt) {
+    FF_CUBLAS_CHECK(cublasLtMatmul(g.lt, e->op, &alpha, A, e->a, B, e->b, &beta, C, e->c, C, e->c,
+                                   &e->algo, g.workspace, WORKSPACE_BYTES, g.stream));
+    return;
+  }
+  cublasComputeType_t compute =
+      g.math == FF_MATH_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+  FF_CUBLAS_CHECK(cublasGemmEx(g.blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                               m, n, k, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, C,
+                               CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+/* Row-major X(r, c) is column-major Xᵀ(c, r) with ld c, so each row-major product below is
+ * written as its transpose. */
+
+/* out(N, Out) = inp(N, In) · w(Out, In)ᵀ  ⇔  outᵀ(Out, N) = w · inpᵀ */
+static void matmul_fwd(float *out, const float *inp, const float *w, int N, int In, int Out) {
+  if (N <= 0 || Out <= 0) return;
+  if (In <= 0) {
+    cuda_zero(out, (size_t)N * (size_t)Out * sizeof *out);
+    return;
+  }
+  gemm(1, 0, Out, N, In, w, In, inp, In, false, out, Out);
+}
+
+/* dinp(N, In) = dout · w  ⇔  dinpᵀ(In, N) = wᵀ · doutᵀ;
+ * dw(Out, In) += doutᵀ · inp  ⇔  dwᵀ(In, Out) += inpᵀ · dout */
+static void matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                       const float *w, int N, int In, int Out) {
+  if (N <= 0 || In <= 0) return;
+  if (Out <= 0) {
+    if (dinp) cuda_zero(dinp, (size_t)N * (size_t)In * sizeof *dinp);
+    return;
+  }
+  if (dinp) gemm(0, 0, In, N, Out, w, In, dout, Out, false, dinp, In);
+  if (dw) gemm(0, 1, In, Out, N, inp, In, dout, Out, true, dw, In);
+}
+
+/* ---- embedding -------------------------------------------------------------------------- */
+
+/* out(N, C): one row per block */
+__global__ void embedding_fwd_kernel(float *out, const int32_t *tokens, const float *table, int C,
+                                     int vocab_first, int vocab_end) {
+  int n = blockIdx.x, tok = tokens[n];
+  bool owned = tok >= vocab_first && tok < vocab_end;
+  const float *src = table + (size_t)(owned ? tok - vocab_first : 0) * C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    out[(size_t)n * C + c] = owned ? src[c] : 0.0f;
+}
+
+/* dtable rows: thread (column c, bucket y) adds, in token order, every dout row whose token
+ * falls in bucket y (tok % EMBED_BUCKETS); one writer per element, so no atomics. */
+__global__ void embedding_bwd_kernel(float *dtable, const float *dout, const int32_t *tokens,
+                                     int N, int C, int vocab_first, int vocab_end) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x, bucket = blockIdx.y;
+  if (c >= C) return;
+  for (int n = 0; n < N; n++) {
+    int tok = tokens[n];
+    if (tok < vocab_first || tok >= vocab_end || tok % EMBED_BUCKETS != bucket) continue;
+    dtable[(size_t)(tok - vocab_first) * C + c] += dout[(size_t)n * C + c];
+  }
+}
+
+static void embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C,
+                          int vocab_first, int vocab_end) {
+  if (N <= 0 || C <= 0) return;
+  embedding_fwd_kernel<<<N, THREADS, 0, g.stream>>>(out, tokens, table, C, vocab_first, vocab_end);
+  FF_CUDA_LAUNCHED("embedding_fwd");
+}
+
+static void embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C,
+                          int vocab_first, int vocab_end) {
+  if (N <= 0 || C <= 0) return;
+  dim3 grid((unsigned)((C + THREADS - 1) / THREADS), EMBED_BUCKETS);
+  embedding_bwd_kernel<<<grid, THREADS, 0, g.stream>>>(dtable, dout, tokens, N, C, vocab_first,
+                                                       vocab_end);
+  FF_CUDA_LAUNCHED("embedding_bwd");
+}
+
+/* ---- RMSNorm ---------------------------------------------------------------------------- */
+
+__global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *inp, const float *w,
+                                   int C, float eps) {
+  const float *x = inp + (size_t)blockIdx.x * C;
+  float *o = out + (size_t)blockIdx.x * C;
+  float ss = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
+  ss = ff_block_reduce(ss, ff_op_sum(), 0.0f);
+  float r = 1.0f / sqrtf(ss / (float)C + eps);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = x[c] * r * w[c];
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+}
+
+/* dinp = rstd · (dout∘w) − rstd³/C · inp · Σ(dout∘w∘inp), one row per block */
+__global__ void rmsnorm_bwd_inp_kernel(float *dinp, const float *dout, const float *inp,
+                                       const float *w, const float *rstd, int C) {
+  size_t row = (size_t)blockIdx.x * C;
+  const float *x = inp + row, *dy = dout + row;
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) s += dy[c] * w[c] * x[c];
+  s = ff_block_reduce(s, ff_op_sum(), 0.0f);
+  float r = rstd[blockIdx.x], k = r * r * r * s / (float)C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) dinp[row + c] = r * dy[c] * w[c] - k * x[c];
+}
+
+/* dw(C) += Σ_n dout∘inp·rstd: block (32 columns × 8 row lanes), the 8 partials summed in order */
+__global__ void rmsnorm_bwd_w_kernel(float *dw, const float *dout, const float *inp,
+                                     const float *rstd, int N, int C) {
+  __shared__ float part[8][FF_WARP];
+  int c = blockIdx.x * FF_WARP + threadIdx.x;
+  float s = 0.0f;
+  if (c < C)
+    for (int n = threadIdx.y; n < N; n += 8)
+      s += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n];
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float total = 0.0f;
+    for (int y = 0; y < 8; y++) total += part[y][threadIdx.x];
+    dw[c] += total;
+  }
+}
+
+static void rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                        float eps) {
+  if (N <= 0 || C <= 0) return;
+  rmsnorm_fwd_kernel<<<N, THREADS, 0, g.stream>>>(out, rstd, inp, w, C, eps);
+  FF_CUDA_LAUNCHED("rmsnorm_fwd");
+}
+
+static void rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                        const float *w, const float *rstd, int N, int C) {
+  if (N <= 0 || C <= 0) return;
+  rmsnorm_bwd_inp_kernel<<<N, THREADS, 0, g.stream>>>(dinp, dout, inp, w, rstd, C);
+  FF_CUDA_LAUNCHED("rmsnorm_bwd_inp");
+  rmsnorm_bwd_w_kernel<<<(C + FF_WARP - 1) / FF_WARP, dim3(FF_WARP, 8), 0, g.stream>>>(
+      dw, dout, inp, rstd, N, C);
+  FF_CUDA_LAUNCHED("rmsnorm_bwd_w");
+}
+
+/* ---- RoPE ------------------------------------------------------------------------------- */
+
+/* One thread per rotation pair; the angle in double, as the CPU backend computes it. */
+__global__ void rope_kernel(float *x, int S, int H, int D, float theta, float sign, int64_t pairs) {
+  int half = D / 2;
+  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < pairs;
+       idx += (int64_t)gridDim.x * blockDim.x) {
+    int i = (int)(idx % half);
+    int64_t row = idx / half; /* (b, s, h) */
+    int s = (int)((row / H) % S);
+    double inv_freq = pow((double)theta, -2.0 * i / D);
+    float cs = (float)cos(s * inv_freq), sn = sign * (float)sin(s * inv_freq);
+    float *xp = x + row * D + 2 * i;
+    float x0 = xp[0], x1 = xp[1];
+    xp[0] = x0 * cs - x1 * sn;
+    xp[1] = x0 * sn + x1 * cs;
+  }
+}
+
+static void rope(float *x, int B, int S, int H, int D, float theta, float sign) {
+  int64_t pairs = (int64_t)B * S * H * (D / 2);
+  if (pairs <= 0) return;
+  rope_kernel<<<ff_grid_for(pairs, THREADS), THREADS, 0, g.stream>>>(x, S, H, D, theta, sign, pairs);
+  FF_CUDA_LAUNCHED("rope");
+}
+
+static void rope_fwd(float *x, int B, int S, int H, int D, float theta) { rope(x, B, S, H, D, theta, 1.0f); }
+static void rope_bwd(float *dx, int B, int S, int H, int D, float theta) { rope(dx, B, S, H, D, theta, -1.0f); }
+
+/* ---- elementwise ------------------------------------------------------------------------ */
+
+#define GRID_STRIDE(i, n)                                                                      \
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);                    \
+       i += (int64_t)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__global__ void swiglu_fwd_kernel(float *out, const float *gate, const float *up, int64_t n) {
+  GRID_STRIDE(i, n) out[i] = gate[i] * sigmoidf_(gate[i]) * up[i];
+}
+
+__global__ void swiglu_bwd_kernel(float *dgate, float *dup, const float *dout, const float *gate,
+                                  const float *up, int64_t n) {
+  GRID_STRIDE(i, n) {
+    float gt = gate[i], sg = sigmoidf_(gt), dy = dout[i], u = up[i];
+    dup[i] = dy * gt * sg;
+    dgate[i] = dy * u * sg * (1.0f + gt * (1.0f - sg));
+  }
+}
+
+__global__ void add_kernel(float *out, const float *a, const float *b, int64_t n) {
+  GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void accumulate_kernel(float *out, const float *a, int64_t n) {
+  GRID_STRIDE(i, n) out[i] += a[i];
+}
+
+__global__ void scale_kernel(float *x, float s, int64_t n) { GRID_STRIDE(i, n) x[i] *= s; }
+
+#define LAUNCH_1D(kernel, n, ...)                                                              \
+  do {                                                                                         \
+    if ((n) > 0) {                                                                             \
+      kernel<<<ff_grid_for((n), THREADS), THREADS, 0, g.stream>>>(__VA_ARGS__);                \
+      FF_CUDA_LAUNCHED(#kernel);                                                               \
+    }                                                                                          \
+  } while (0)
+
+static void swiglu_fwd(float *out, const float *gate, const float *up, int64_t n) {
+  LAUNCH_1D(swiglu_fwd_kernel, n, out, gate, up, n);
+}
+static void swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
+                       const float *up, int64_t n) {
+  LAUNCH_1D(swiglu_bwd_kernel, n, dgate, dup, dout, gate, up, n);
+}
+static void add(float *out, const float *a, const float *b, int64_t n) {
+  LAUNCH_1D(add_kernel, n, out, a, b, n);
+}
+static void accumulate(float *out, const float *a, int64_t n) {
+  LAUNCH_1D(accumulate_kernel, n, out, a, n);
+}
+static void scale(float *x, float s, int64_t n) { LAUNCH_1D(scale_kernel, n, x, s, n); }
+
+/* ---- cross-entropy ---------------------------------------------------------------------- */
+
+__global__ void ce_row_max_kernel(float *row_max, const float *logits, int V) {
+  const float *z = logits + (size_t)blockIdx.x * V;
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, z[j]);
+  m = ff_block_reduce(m, ff_op_max(), -INFINITY);
+  if (threadIdx.x == 0) row_max[blockIdx.x] = m;
+}
+
+/* Σ exp(z − max) in double, like the CPU backend: a vocabulary row is long */
+__global__ void ce_row_sum_kernel(float *row_sum, const float *logits, const float *row_max,
+                                  int V) {
+  const float *z = logits + (size_t)blockIdx.x * V;
+  float m = row_max[blockIdx.x];
+  double s = 0.0;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(z[j] - m);
+  s = ff_block_reduce(s, ff_op_sum(), 0.0);
+  if (threadIdx.x == 0) row_sum[blockIdx.x] = (float)s;
+}
+
+/* One row per block; dlogits may be logits, so the target's logit is read before any write. */
+__global__ void ce_loss_grad_kernel(float *loss, float *dlogits, const float *logits,
+                                    const int32_t *targets, const float *row_max,
+                                    const float *row_sum, int V, int vocab_first, float scale) {
+  int n = blockIdx.x;
+  const float *z = logits + (size_t)n * V;
+  float m = row_max[n], inv_sum = 1.0f / row_sum[n];
+  int64_t target = (int64_t)targets[n] - vocab_first;
+  bool owned = target >= 0 && target < V;
+  if (threadIdx.x == 0 && owned) loss[n] += logf(row_sum[n]) - (z[target] - m);
+  if (!dlogits) return;
+  __syncthreads();
+  float *dz = dlogits + (size_t)n * V;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    float d = expf(z[j] - m) * inv_sum * scale;
+    dz[j] = owned && j == target ? d - scale : d;
+  }
+}
+
+static void ce_row_max(float *row_max, const float *logits, int N, int V) {
+  if (N <= 0) return;
+  ce_row_max_kernel<<<N, THREADS, 0, g.stream>>>(row_max, logits, V);
+  FF_CUDA_LAUNCHED("ce_row_max");
+}
+
+static void ce_row_sum(float *row_sum, const float *logits, const float *row_max, int N, int V) {
+  if (N <= 0) return;
+  ce_row_sum_kernel<<<N, THREADS, 0, g.stream>>>(row_sum, logits, row_max, V);
+  FF_CUDA_LAUNCHED("ce_row_sum");
+}
+
+static void ce_loss_grad(float *loss, float *dlogits, const float *logits, const int32_t *targets,
+                         const float *row_max, const float *row_sum, int N, int V, int vocab_first,
+                         float scale) {
+  if (N <= 0) return;
+  ce_loss_grad_kernel<<<N, THREADS, 0, g.stream>>>(loss, dlogits, logits, targets, row_max,
+                                                   row_sum, V, vocab_first, scale);
+  FF_CUDA_LAUNCHED("ce_loss_grad");
+}
+
+/* ---- optimizer -------------------------------------------------------------------------- */
+
+__global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, int64_t n,
+                             float beta1, float beta2, float eps, float decay, float step_size,
+                             float bc2_sqrt, float grad_scale) {
+  float one_minus_b1 = 1.0f - beta1, one_minus_b2 = 1.0f - beta2;
+  GRID_STRIDE(i, n) {
+    float gr = grad[i] * grad_scale;
+    float mi = beta1 * m[i] + one_minus_b1 * gr;
+    float vi = beta2 * v[i] + one_minus_b2 * gr * gr;
+    m[i] = mi;
+    v[i] = vi;
+    float p = param[i] * decay;
+    param[i] = p - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+  }
+}
+
+/* The same update as the CPU backend's, its step-dependent factors computed the same way. */
+static void adamw(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                  float grad_scale) {
+  float decay = (float)(1.0 - (double)lr * weight_decay);
+  float step_size = (float)(lr / (1.0 - pow(beta1, (double)step)));
+  float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
+  LAUNCH_1D(adamw_kernel, n, param, grad, m, v, n, beta1, beta2, eps, decay, step_size, bc2_sqrt,
+            grad_scale);
+}
+
+/* Σ x² in double: SUMSQ_BLOCKS fixed partial sums, then one block adds them in order. */
+__global__ void sumsq_partial_kernel(double *partial, const float *x, int64_t n) {
+  double s = 0.0;
+  GRID_STRIDE(i, n) s += (double)x[i] * x[i];
+  s = ff_block_reduce(s, ff_op_sum(), 0.0);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void sumsq_final_kernel(double *partial, int blocks) {
+  double s = 0.0;
+  for (int i = threadIdx.x; i < blocks; i += blockDim.x) s += partial[i];
+  s = ff_block_reduce(s, ff_op_sum(), 0.0);
+  if (threadIdx.x == 0) partial[blocks] = s;
+}
+
+static double sum_squares(const float *x, int64_t n) {
+  if (n <= 0) return 0.0;
+  sumsq_partial_kernel<<<SUMSQ_BLOCKS, THREADS, 0, g.stream>>>(g.sumsq_partial, x, n);
+  FF_CUDA_LAUNCHED("sumsq_partial");
+  sumsq_final_kernel<<<1, THREADS, 0, g.stream>>>(g.sumsq_partial, SUMSQ_BLOCKS);
+  FF_CUDA_LAUNCHED("sumsq_final");
+  double result = 0.0;
+  cuda_copy(&result, g.sumsq_partial + SUMSQ_BLOCKS, sizeof result);
+  return result;
+}
+
+/* ---- the table and its set-up ----------------------------------------------------------- */
+
+static const ff_kernels cuda_kernels = {
+    /* .name = */ "cuda",
+    /* .host_memory = */ false,
+    cuda_alloc, cuda_release, cuda_zero, cuda_copy, cuda_copy, cuda_alloc_host, cuda_release_host,
+    cuda_sync, cuda_memory, matmul_fwd, matmul_bwd, embedding_fwd, embedding_bwd, rmsnorm_fwd,
+    rmsnorm_bwd, rope_fwd, rope_bwd, ff_cuda_attention_fwd, ff_cuda_attention_bwd, swiglu_fwd,
+    swiglu_bwd, add, accumulate, scale, ce_row_max, ce_row_sum, ce_loss_grad, adamw, sum_squares,
+};
+
+static bool setup_failed(cudaError_t err, const char *what, char *why, size_t why_cap) {
+  if (err == cudaSuccess) return false;
+  snprintf(why, why_cap, "%s: %s", what, cudaGetErrorString(err));
+  cudaGetLastError();
+  return true;
+}
+
+extern "C" const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math,
+                                             void (*on_fatal)(int status), char *why,
+                                             size_t why_cap) {
+  if (g.ready) return &cuda_kernels;
+  int count = 0;
+  if (setup_failed(cudaGetDeviceCount(&count), "cudaGetDeviceCount", why, why_cap)) return NULL;
+  if (device < 0 || device >= count) {
+    snprintf(why, why_cap, "GPU %d asked for, %d answer%s", device, count, count == 1 ? "s" : "");
+    return NULL;
+  }
+  if (setup_failed(cudaSetDevice(device), "cudaSetDevice", why, why_cap) ||
+      setup_failed(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking),
+                   "cudaStreamCreate", why, why_cap) ||
+      setup_failed(cudaMalloc(&g.workspace, WORKSPACE_BYTES), "cudaMalloc (cuBLASLt workspace)",
+                   why, why_cap) ||
+      setup_failed(cudaMalloc(&g.sumsq_partial, (SUMSQ_BLOCKS + 1) * sizeof(double)),
+                   "cudaMalloc (reduction scratch)", why, why_cap))
+    return NULL;
+  if (cublasLtCreate(&g.lt) != CUBLAS_STATUS_SUCCESS || cublasCreate(&g.blas) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetStream(g.blas, g.stream) != CUBLAS_STATUS_SUCCESS) {
+    snprintf(why, why_cap, "cuBLAS could not be initialised on GPU %d", device);
+    return NULL;
+  }
+  g.device = device;
+  g.math = math;
+  g.on_fatal = on_fatal;
+  g.ready = true;
+  return &cuda_kernels;
+}

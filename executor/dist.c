@@ -76,24 +76,47 @@ typedef struct dist {
   ff_plan_eval eval; /* the cost model's predictions, for the metrics */
   bool have_eval;
   double throttle;   /* > 1: an emulated slower device (see ff_throttle) */
+  /* A backend whose memory the host cannot touch (CUDA) works through host copies: tp_stage
+   * for the TP collectives (page-locked, tokens × max(hidden, ...) floats), host_block for the
+   * gradient sums and checkpoints (n_params floats). Both NULL on the CPU backend. */
+  float *tp_stage, *host_block;
 } dist;
 
 static double now(void);
 
 /* ---- TP hooks --------------------------------------------------------------------------- */
 
-static void tp_sum(void *ctx, float *buf, int64_t n) {
-  dist *d = ctx;
+/* The TP collectives of the model code, on backend memory: through tp_stage when the host cannot
+ * touch it (the MPI backend reads host memory only). */
+static void tp_collective(dist *d, float *buf, int64_t n, bool sum) {
   double t = now();
-  d->c->allreduce_sum(d->tp, buf, n);
+  float *host = d->tp_stage ? d->tp_stage : buf;
+  if (d->tp_stage)
+    d->k->to_host(host, buf, (size_t)n * sizeof *buf);
+  if (sum)
+    d->c->allreduce_sum(d->tp, host, n);
+  else
+    d->c->allreduce_max(d->tp, host, n);
+  if (d->tp_stage)
+    d->k->to_device(buf, host, (size_t)n * sizeof *buf);
   d->t_tp += now() - t;
 }
 
-static void tp_max(void *ctx, float *buf, int64_t n) {
-  dist *d = ctx;
-  double t = now();
-  d->c->allreduce_max(d->tp, buf, n);
-  d->t_tp += now() - t;
+static void tp_sum(void *ctx, float *buf, int64_t n) { tp_collective(ctx, buf, n, true); }
+static void tp_max(void *ctx, float *buf, int64_t n) { tp_collective(ctx, buf, n, false); }
+
+/* A block of backend memory (grads, params, m, v) where the host can read and write it: itself on
+ * the CPU backend, else a copy in host_block (written back by host_block_put). */
+static float *host_block_get(dist *d, float *block) {
+  if (!d->host_block)
+    return block;
+  d->k->to_host(d->host_block, block, (size_t)d->mr.n_params * sizeof *block);
+  return d->host_block;
+}
+
+static void host_block_put(dist *d, float *block) {
+  if (d->host_block)
+    d->k->to_device(block, d->host_block, (size_t)d->mr.n_params * sizeof *block);
 }
 
 /* ---- roles and slices ------------------------------------------------------------------- */
@@ -294,7 +317,7 @@ static int64_t seg_pack(const dist *d, const seg *sg, float *base, float *buf, b
 }
 
 /* kv heads shared by two ranks' query heads: each holds a partial gradient of their rows. */
-static void sum_shared_kv(dist *d, float *buf) {
+static void sum_shared_kv(dist *d, float *grads, float *buf) {
   const ff_plan_stage *st = d->st;
   bool shared = false;
   for (int i = 1; i < st->n_ranks; i++)
@@ -308,31 +331,33 @@ static void sum_shared_kv(dist *d, float *buf) {
       continue;
     int64_t full = t->rows * t->cols;
     memset(buf, 0, (size_t)full * sizeof *buf);
-    memcpy(buf + t->row_first * t->cols, d->mr.grads + t->offset, (size_t)t->numel * sizeof *buf);
+    memcpy(buf + t->row_first * t->cols, grads + t->offset, (size_t)t->numel * sizeof *buf);
     d->c->allreduce_sum(d->tp, buf, full);
-    memcpy(d->mr.grads + t->offset, buf + t->row_first * t->cols, (size_t)t->numel * sizeof *buf);
+    memcpy(grads + t->offset, buf + t->row_first * t->cols, (size_t)t->numel * sizeof *buf);
   }
 }
 
 /* Sum every segment over its holders; returns this rank's share of Σ g² (counted once). */
 static double sync_gradients(dist *d, float *buf) {
-  sum_shared_kv(d, buf);
+  float *grads = host_block_get(d, d->mr.grads);
+  sum_shared_kv(d, grads, buf);
   double sumsq = 0;
   for (int i = 0; i < d->n_segs; i++) {
     seg *sg = &d->segs[i];
     if (sg->tensor < 0)
       continue;
     if (sg->group) {
-      int64_t n = seg_pack(d, sg, d->mr.grads, buf, true, sg->weight);
+      int64_t n = seg_pack(d, sg, grads, buf, true, sg->weight);
       d->c->allreduce_sum(sg->group, buf, n);
-      seg_pack(d, sg, d->mr.grads, buf, false, 1.0f);
+      seg_pack(d, sg, grads, buf, false, 1.0f);
     }
     if (sg->norm_owner) {
-      int64_t n = seg_pack(d, sg, d->mr.grads, buf, true, 1.0f);
+      int64_t n = seg_pack(d, sg, grads, buf, true, 1.0f);
       for (int64_t j = 0; j < n; j++)
         sumsq += (double)buf[j] * buf[j];
     }
   }
+  host_block_put(d, d->mr.grads);
   return sumsq;
 }
 
@@ -401,6 +426,7 @@ static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, doub
     }
   double t0 = now(), tp0 = d->t_tp;
   ff_model_rank_forward(&d->mr, slot, b, in, x_in, tg, grad_scale, out, loss);
+  d->k->sync(); /* an asynchronous backend has finished the work only now */
   double spent = now() - t0 - (d->t_tp - tp0);
   ff_throttle(d->throttle, spent);
   d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);
@@ -424,6 +450,7 @@ static void run_backward(dist *d, int64_t j) {
     }
   double t0 = now(), tp0 = d->t_tp;
   ff_model_rank_backward(&d->mr, slot, b, dx_in, out);
+  d->k->sync(); /* an asynchronous backend has finished the work only now */
   double spent = now() - t0 - (d->t_tp - tp0);
   ff_throttle(d->throttle, spent);
   d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);
@@ -470,7 +497,7 @@ static double train_step(dist *d, int64_t step, float *buf, double *norm_out, do
   d->t_compute = d->t_p2p = d->t_tp = d->t_dp = d->t_opt = 0;
   d->k->zero(d->mr.grads, (size_t)d->mr.n_params * sizeof(float));
   double sums[3] = {run_schedule(d, step - 1), 0, 0};
-  const char *mine = ff_nonfinite_gradient(d->mr.grads, d->mr.tensors, d->mr.n_tensors, step);
+  const char *mine = ff_nonfinite_gradient(d->k, d->mr.grads, d->mr.tensors, d->mr.n_tensors, step);
   if (mine)
     fprintf(stderr, "ffrun: step %lld: the gradient of %s is not finite on rank %d (pipeline %d, "
             "stage %d)\n", (long long)step, mine, d->rank, d->p, d->s);
@@ -509,16 +536,18 @@ static ff_status save(dist *d, int64_t step, float *buf) {
                         {0, d->plan->model.kv_heads}, {0, d->plan->model.ffn_hidden},
                         {0, d->plan->model.vocab}};
   bool root = d->rank == 0;
-  if (root && ff_model_rank_init(&full, &d->plan->model, d->k, &spec, 1, 1) != FF_OK)
+  /* rank 0 assembles the logical tensors in host memory, whatever backend trains */
+  if (root && ff_model_rank_init(&full, &d->plan->model, ff_kernels_cpu(1), &spec, 1, 1) != FF_OK)
     d->c->abort(1);
-  for (int i = 0; i < d->n_segs; i++) {
-    seg *sg = &d->segs[i];
-    float *mine[3] = {d->mr.params, d->mr.m, d->mr.v};
-    for (int w = 0; w < 3; w++) {
+  float *blocks[3] = {d->mr.params, d->mr.m, d->mr.v};
+  for (int w = 0; w < 3; w++) {
+    float *mine = host_block_get(d, blocks[w]);
+    for (int i = 0; i < d->n_segs; i++) {
+      seg *sg = &d->segs[i];
       int tag = (1 << 24) + i * 3 + w;
       int64_t n = 0;
       if (sg->owner == d->rank) {
-        n = seg_pack(d, sg, mine[w], buf, true, 1.0f);
+        n = seg_pack(d, sg, mine, buf, true, 1.0f);
         if (!root)
           d->c->wait(d->c->isend(buf, (size_t)n * sizeof *buf, 0, tag));
       }
@@ -684,10 +713,17 @@ static ff_status setup(dist *d) {
   d->req_bwd = calloc((size_t)(slots * (d->n_prev + 1)), sizeof *d->req_bwd);
   if (!d->send_fwd || !d->send_bwd || !d->recv_buf || !d->req_fwd || !d->req_bwd)
     return FF_ERR_RUNTIME;
+  if (!d->k->host_memory) {
+    d->tp_stage = d->k->alloc_host((size_t)NC * sizeof(float));
+    d->host_block = d->k->alloc_host((size_t)d->mr.n_params * sizeof(float));
+    if (!d->tp_stage || !d->host_block)
+      return FF_ERR_RUNTIME;
+  }
   return build_segments(d);
 }
 
-enum { T_COMPUTE, T_P2P, T_TP, T_DP, T_OPT, T_TOTAL, T_KINDS };
+/* What each rank reports per step: seconds by kind, then its backend's memory in GiB. */
+enum { T_COMPUTE, T_P2P, T_TP, T_DP, T_OPT, T_TOTAL, T_MEM_PEAK, T_MEM_DEVICE, T_KINDS };
 
 /* Per-stage times of a step (from each stage's first rank) with the cost model's predictions. */
 static void write_stages(dist *d, const double *all) {
@@ -703,15 +739,19 @@ static void write_stages(dist *d, const double *all) {
               "\"p2p_seconds\": %.6g, \"tp_seconds\": %.6g, \"dp_seconds\": %.6g, "
               "\"bubble_seconds\": %.6g", first ? "" : ", ", p, s, x[T_COMPUTE], x[T_P2P],
               x[T_TP], x[T_DP], x[T_TOTAL] > busy ? x[T_TOTAL] - busy : 0.0);
+      fprintf(d->metrics, ", \"memory_gib\": %.6g", x[T_MEM_PEAK]);
+      if (x[T_MEM_DEVICE] > 0)
+        fprintf(d->metrics, ", \"device_used_gib\": %.6g", x[T_MEM_DEVICE]);
       if (d->have_eval) {
         const ff_stage_eval *se = &d->eval.pipelines[p].stages[s];
         const ff_rank_eval *re = &d->eval.ranks[pl->stages[s].ranks[0].rank];
         double mb = (double)pl->micro_batches;
         fprintf(d->metrics, ", \"predicted\": {\"compute_seconds\": %.6g, \"p2p_seconds\": %.6g, "
-                "\"tp_seconds\": %.6g, \"dp_seconds\": %.6g, \"bubble_seconds\": %.6g}",
+                "\"tp_seconds\": %.6g, \"dp_seconds\": %.6g, \"bubble_seconds\": %.6g, "
+                "\"memory_gib\": %.6g}",
                 mb * (re->compute_fwd_seconds + re->compute_bwd_seconds + re->recompute_seconds),
                 mb * (se->send_fwd_seconds + se->send_bwd_seconds), mb * re->tp_seconds,
-                se->dp_seconds, se->bubble_seconds);
+                se->dp_seconds, se->bubble_seconds, re->memory_total_bytes / FF_GIB);
       }
       fprintf(d->metrics, "}");
       first = false;
@@ -720,7 +760,10 @@ static void write_stages(dist *d, const double *all) {
 }
 
 static void report(dist *d, int64_t step, double loss, double norm, double lr, double seconds) {
-  double mine[T_KINDS] = {d->t_compute, d->t_p2p, d->t_tp, d->t_dp, d->t_opt, seconds};
+  ff_kernel_memory mem;
+  d->k->memory(&mem);
+  double mine[T_KINDS] = {d->t_compute, d->t_p2p, d->t_tp, d->t_dp, d->t_opt, seconds,
+                          (double)mem.peak_bytes / FF_GIB, (double)mem.device_used_bytes / FF_GIB};
   double *all = malloc((size_t)d->plan->n_ranks * sizeof mine);
   if (!all)
     d->c->abort(1);
@@ -749,6 +792,10 @@ static void teardown(dist *d) {
   ff_data_free(&d->data);
   free(d->segs), free(d->tds), free(d->send_fwd), free(d->send_bwd), free(d->recv_buf);
   free(d->req_fwd), free(d->req_bwd);
+  if (d->k) {
+    d->k->release_host(d->tp_stage);
+    d->k->release_host(d->host_block);
+  }
   for (int i = 0; i < d->n_cache; i++) {
     d->c->release(d->cache[i].group);
     free(d->cache[i].key);

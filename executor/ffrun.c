@@ -29,14 +29,16 @@ static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
 static void usage(FILE *out) {
   fprintf(out,
           "usage: ffrun PLAN (--data FILE | --text FILE) [options]   train a one-rank plan\n"
+          "       mpirun -np N ffrun PLAN (--data FILE | --text FILE) [options]\n"
+          "                                       train a plan of N ranks\n"
           "       ffrun --dry-run PLAN                                 print each rank's role\n"
           "       mpirun -np N ffrun profile -o CLUSTER [--model M] [--throttle R=F,...]\n"
           "                                       measure the machines into a cluster profile\n"
           "       mpirun -np N ffrun --dry-run PLAN\n"
           "\n"
           "Executes a plan written by ffplan: each MPI rank takes its pipeline stage and tensor\n"
-          "shard. This version trains plans of one rank on the CPU backend; plans of several\n"
-          "ranks can be inspected with --dry-run.\n"
+          "shard, on the CUDA backend where a GPU answers and on the CPU backend elsewhere; ranks\n"
+          "talk through MPI (device buffers are staged through page-locked host memory).\n"
           "\n"
           "options:\n"
           "  --data FILE             llm.c token file (uint16 tokens after a 1024-byte header)\n"
@@ -57,7 +59,9 @@ static void usage(FILE *out) {
           "                          emulated_slowdown does the same for its ranks)\n"
           "  --quiet                 no progress lines\n"
           "  --dry-run               print the role of each rank and the backend it would use\n"
-          "  --backend B             auto (GPU when one answers, else CPU), cpu, or cuda\n"
+          "  --backend B             auto (GPU when one answers, else CPU, with a notice), cpu,\n"
+          "                          or cuda (fails when no GPU answers); matmuls on the GPU\n"
+          "                          compute in the plan's training.precision\n"
           "  -h, --help              show this help\n"
           "  --version               show the version\n"
           "\n"
@@ -354,28 +358,77 @@ static bool make_dirs(const char *dir) {
   }
 }
 
+/* The CUDA backend's fatal-error hook: end the whole job, not just this rank. */
+static void abort_job(int status) {
+  int mpi_up = 0, mpi_down = 0;
+  MPI_Initialized(&mpi_up);
+  MPI_Finalized(&mpi_down);
+  if (mpi_up && !mpi_down)
+    MPI_Abort(MPI_COMM_WORLD, status);
+  exit(status);
+}
+
+/* The GPU the plan gives world rank `rank` (its index on the node), folded onto the GPUs this
+ * machine has: a plan of several ranks can be tried on one GPU. */
+static int gpu_of_rank(const ff_plan *plan, int rank, int gpus) {
+  for (int p = 0; p < plan->n_pipelines; p++)
+    for (int s = 0; s < plan->pipelines[p].n_stages; s++) {
+      const ff_plan_stage *st = &plan->pipelines[p].stages[s];
+      for (int t = 0; t < st->n_ranks; t++)
+        if (st->ranks[t].rank == rank)
+          return gpus > 0 ? st->ranks[t].gpu % gpus : 0;
+    }
+  return 0;
+}
+
+/* The compute backend this rank trains on, or NULL when --backend cuda cannot be had. */
+static const ff_kernels *compute_backend(cli *c, const ff_plan *plan, backend got, int rank) {
+  if (got != BACKEND_CUDA)
+    return ff_kernels_cpu(c->threads);
+  int gpu = gpu_of_rank(plan, rank, ff_gpu_count(NULL));
+  ff_kernel_math math = plan->training.precision == FF_PRECISION_FP32 ? FF_MATH_FP32 : FF_MATH_BF16;
+  char why[256];
+  const ff_kernels *k = ff_kernels_cuda(gpu, math, abort_job, why, sizeof why);
+  if (k) {
+    if (!c->train.quiet && rank == 0)
+      fprintf(stderr, "ffrun: training on the CUDA backend (GPU %d on rank 0; matmuls in %s on "
+              "cuBLASLt; weights, activations and optimizer state in fp32)\n", gpu,
+              math == FF_MATH_BF16 ? "bf16 with fp32 accumulation" : "fp32");
+    return k;
+  }
+  if (c->backend == BACKEND_CUDA) {
+    fprintf(stderr, "ffrun: --backend cuda, but the CUDA backend cannot start: %s\n", why);
+    return NULL;
+  }
+  if (!c->train.quiet && rank == 0)
+    fprintf(stderr, "ffrun: the CUDA backend cannot start (%s); using the CPU backend\n", why);
+  return ff_kernels_cpu(c->threads);
+}
+
 static int train(cli *c, const ff_plan *plan, backend got, int *argc, char ***argv) {
   if (c->train.checkpoint_dir && !make_dirs(c->train.checkpoint_dir)) {
     fprintf(stderr, "ffrun: --checkpoint-dir %s: cannot create it: %s\n", c->train.checkpoint_dir,
             strerror(errno));
     return FF_ERR_INPUT;
   }
-  if (got == BACKEND_CUDA)
-    fprintf(stderr, "ffrun: the CUDA compute backend is not built yet; training on the CPU\n");
   if (!launched_by_mpi()) {
     if (plan->n_ranks != 1) {
       fprintf(stderr, "ffrun: %s has %lld ranks: start it with mpirun -np %lld\n", c->plan_file,
               (long long)plan->n_ranks, (long long)plan->n_ranks);
       return FF_ERR_INPUT;
     }
-    return ff_train_one_rank(plan, ff_kernels_cpu(c->threads), &c->train);
+    const ff_kernels *k = compute_backend(c, plan, got, 0);
+    return k ? ff_train_one_rank(plan, k, &c->train) : FF_ERR_RUNTIME;
   }
   MPI_Init(argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0)
     c->train.quiet = true; /* one progress line per step, from rank 0 */
-  int rc = ff_train_distributed(plan, ff_kernels_cpu(c->threads), &c->train);
+  const ff_kernels *k = compute_backend(c, plan, got, rank);
+  if (!k)
+    MPI_Abort(MPI_COMM_WORLD, FF_ERR_RUNTIME);
+  int rc = ff_train_distributed(plan, k, &c->train);
   if (rc != FF_OK && rc < 128) /* a failure; a signal stop (128 + signal) ends every rank alike */
     MPI_Abort(MPI_COMM_WORLD, rc);
   MPI_Finalize();

@@ -204,11 +204,12 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
                   d.N * 4 + d.N * d.Vl + d.N * widest * 8;
   mr->acts_block = k->alloc((size_t)total * sizeof(float));
   mr->acts = calloc((size_t)(slots * (mr->n_layers ? mr->n_layers : 1)), sizeof *mr->acts);
-  mr->tokens_in = malloc((size_t)(slots * d.N) * sizeof *mr->tokens_in);
+  mr->tokens_in = k->alloc((size_t)(slots * d.N) * sizeof *mr->tokens_in);
+  mr->targets_in = k->alloc((size_t)d.N * sizeof *mr->targets_in);
   mr->inputs = malloc((size_t)d.N * sizeof *mr->inputs);
   mr->targets = malloc((size_t)d.N * sizeof *mr->targets);
   if (!mr->params || !mr->grads || !mr->m || !mr->v || !mr->acts_block || !mr->acts ||
-      !mr->tokens_in || !mr->inputs || !mr->targets) {
+      !mr->tokens_in || !mr->targets_in || !mr->inputs || !mr->targets) {
     ff_model_rank_free(mr);
     return FF_ERR_RUNTIME;
   }
@@ -237,10 +238,11 @@ void ff_model_rank_free(ff_model_rank *mr) {
     mr->k->release(mr->m);
     mr->k->release(mr->v);
     mr->k->release(mr->acts_block);
+    mr->k->release(mr->tokens_in);
+    mr->k->release(mr->targets_in);
   }
   free(mr->acts);
   free(mr->tensors);
-  free(mr->tokens_in);
   free(mr->inputs);
   free(mr->targets);
   memset(mr, 0, sizeof *mr);
@@ -372,7 +374,7 @@ static void head_forward_backward(ff_model_rank *mr, const float *x_final, int64
   k->ce_row_sum(mr->row_sum, mr->logits, mr->row_max, N, V);
   tp_sum(mr, mr->row_sum, N);
   k->zero(mr->loss, (size_t)N * sizeof(float));
-  k->ce_loss_grad(mr->loss, mr->logits, mr->logits, mr->targets, mr->row_max, mr->row_sum, N, V,
+  k->ce_loss_grad(mr->loss, mr->logits, mr->logits, mr->targets_in, mr->row_max, mr->row_sum, N, V,
                   (int)mr->spec.vocab.first, grad_scale);
   float *host_loss = malloc((size_t)N * sizeof *host_loss);
   if (host_loss) { /* each rank adds the losses of the targets in its vocabulary shard */
@@ -395,7 +397,7 @@ void ff_model_rank_forward(ff_model_rank *mr, int slot, int64_t b, const int32_t
   float *first = mr->n_layers ? acts_of(mr, slot, 0)->x_in : slot_rows(mr->x_final, slot, mr->tokens, C);
   if (mr->spec.embedding) {
     int32_t *tok = mr->tokens_in + (int64_t)slot * mr->tokens;
-    memcpy(tok, tokens, (size_t)N * sizeof *tok);
+    k->to_device(tok, tokens, (size_t)N * sizeof *tok);
     k->embedding_fwd(first, tok, tensor_at(mr, "embed", mr->params), (int)N, (int)C,
                      (int)mr->spec.vocab.first, (int)mr->spec.vocab.end);
     tp_sum(mr, first, N * C); /* vocabulary-parallel embedding: each rank holds some rows */
@@ -407,7 +409,7 @@ void ff_model_rank_forward(ff_model_rank *mr, int slot, int64_t b, const int32_t
     forward_layer(mr, acts_of(mr, slot, l), l, b,
                   l + 1 < mr->n_layers ? acts_of(mr, slot, l + 1)->x_in : last);
   if (mr->spec.lm_head) {
-    memcpy(mr->targets, targets, (size_t)N * sizeof *targets);
+    k->to_device(mr->targets_in, targets, (size_t)N * sizeof *targets);
     head_forward_backward(mr, last, b, grad_scale, slot_rows(mr->dx_final, slot, mr->tokens, C),
                           loss_sum);
   } else if (x_out) {

@@ -65,10 +65,11 @@ typedef struct ff_model_rank {
   ff_layer_acts *acts;      /* [slot * n_layers + layer] */
   float *acts_block;
   float *x_final, *dx_final; /* per slot: the stage's output and (last stage) its gradient */
-  int32_t *tokens_in;        /* per slot: the input tokens (embedding stage) */
+  int32_t *tokens_in;        /* backend memory, per slot: the input tokens (embedding stage) */
+  int32_t *targets_in;       /* backend memory: the targets of the micro-batch (last stage) */
   float *h_final, *rstd_final, *logits, *row_max, *row_sum, *loss;
   float *scratch_a, *scratch_b, *scratch_c; /* backward temporaries */
-  int32_t *inputs, *targets;
+  int32_t *inputs, *targets; /* host memory: where callers assemble a micro-batch */
 } ff_model_rank;
 
 /* Build the tensor table and allocate for `n_slots` micro-batches of `micro_batch` sequences in

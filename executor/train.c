@@ -38,17 +38,37 @@ void ff_throttle(double factor, double seconds) {
     ;
 }
 
-const char *ff_nonfinite_gradient(const float *grads, const void *tensors, int n_tensors,
-                                  int64_t step) {
-  const ff_tensor *t = tensors;
-  const char *inject = getenv("FF_INJECT_NAN_STEP");
-  if (inject && strtoll(inject, NULL, 10) == step && n_tensors > 0)
-    ((float *)grads)[t[n_tensors - 1].offset] = NAN;
+static const char *first_nonfinite(const float *grads, const ff_tensor *t, int n_tensors) {
   for (int i = 0; i < n_tensors; i++)
     for (int64_t j = 0; j < t[i].numel; j++)
       if (!isfinite(grads[t[i].offset + j]))
         return t[i].name;
   return NULL;
+}
+
+const char *ff_nonfinite_gradient(const ff_kernels *k, float *grads, const void *tensors,
+                                  int n_tensors, int64_t step) {
+  const ff_tensor *t = tensors;
+  if (n_tensors <= 0)
+    return NULL;
+  const char *inject = getenv("FF_INJECT_NAN_STEP");
+  if (inject && strtoll(inject, NULL, 10) == step) {
+    float nan = NAN;
+    k->to_device(grads + t[n_tensors - 1].offset, &nan, sizeof nan);
+  }
+  if (k->host_memory)
+    return first_nonfinite(grads, t, n_tensors);
+  /* device memory: one reduction says whether anything is wrong; only then copy and look */
+  int64_t n = t[n_tensors - 1].offset + t[n_tensors - 1].numel;
+  if (isfinite(k->sum_squares(grads, n)))
+    return NULL;
+  float *host = malloc((size_t)n * sizeof *host);
+  if (!host)
+    return t[0].name; /* cannot look closer; the step is skipped all the same */
+  k->to_host(host, grads, (size_t)n * sizeof *host);
+  const char *name = first_nonfinite(host, t, n_tensors);
+  free(host);
+  return name ? name : t[0].name;
 }
 
 double ff_learning_rate(const ff_training *t, int64_t step, int64_t total_steps) {
@@ -74,7 +94,7 @@ typedef struct run {
   int64_t total_steps; /* the schedule's length: training.steps */
   int64_t stop_at;     /* --steps, or training.steps */
   FILE *metrics;
-  double predicted_seconds, peak_flops;
+  double predicted_seconds, predicted_memory_gib, peak_flops;
   int32_t *inputs, *targets;
 } run;
 
@@ -99,10 +119,11 @@ static double train_step(run *r, int64_t step, double *grad_norm, double *lr, do
     double t0 = now();
     ff_model_rank_step_micro_batch(&r->mr, r->inputs, r->targets, b,
                                    1.0f / (float)global_tokens(r), &loss_sum);
+    r->k->sync();
     ff_throttle(throttle, now() - t0);
   }
   *compute_s = now() - start;
-  *bad = ff_nonfinite_gradient(r->mr.grads, r->mr.tensors, r->mr.n_tensors, step);
+  *bad = ff_nonfinite_gradient(r->k, r->mr.grads, r->mr.tensors, r->mr.n_tensors, step);
   double sumsq = r->k->sum_squares(r->mr.grads, r->mr.n_params);
   *grad_norm = sqrt(sumsq);
   *lr = ff_learning_rate(t, step, r->total_steps);
@@ -128,15 +149,19 @@ static void report(run *r, int64_t step, double loss, double norm, double lr, do
                    double compute_s) {
   double tokens = (double)global_tokens(r);
   double flops = ff_flops_model_per_token(&r->plan->model) * tokens / seconds;
+  ff_kernel_memory mem;
+  r->k->memory(&mem);
   if (r->metrics) {
     fprintf(r->metrics,
             "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
             "\"step_seconds\": %.6g, \"tokens_per_second\": %.6g, \"flops_per_second\": %.6g, "
             "\"mfu\": %.6g, \"compute_seconds\": %.6g, \"other_seconds\": %.6g, "
-            "\"peak_memory_gib\": %.6g, \"predicted\": {\"iteration_seconds\": %.6g}}\n",
+            "\"peak_memory_gib\": %.6g, \"memory_gib\": %.6g, \"device_used_gib\": %.6g, "
+            "\"predicted\": {\"iteration_seconds\": %.6g, \"memory_gib\": %.6g}}\n",
             (long long)step, loss, lr, norm, seconds, tokens / seconds, flops,
             flops / r->peak_flops, compute_s, seconds - compute_s, peak_memory_gib(),
-            r->predicted_seconds);
+            (double)mem.peak_bytes / FF_GIB, (double)mem.device_used_bytes / FF_GIB,
+            r->predicted_seconds, r->predicted_memory_gib);
     fflush(r->metrics);
   }
   if (!r->o->quiet)
@@ -219,6 +244,7 @@ static ff_status setup(run *r) {
   if (ff_evaluate_plan(plan, &e) == FF_OK) {
     r->predicted_seconds = e.iteration_seconds;
     r->peak_flops = e.peak_flops_sum;
+    r->predicted_memory_gib = e.ranks[0].memory_total_bytes / FF_GIB;
     ff_plan_eval_free(&e);
   }
   return FF_OK;

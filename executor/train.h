@@ -35,10 +35,11 @@ double ff_throttle_factor(const ff_train_opts *o, int rank, const ff_device *dev
  * taken longer for work that took `seconds` here. A test and demo device only. */
 void ff_throttle(double factor, double seconds);
 
-/* The first tensor (in table order) whose gradient holds a NaN or an infinity, or NULL. A test
- * hook, the environment variable FF_INJECT_NAN_STEP=N, poisons one gradient at step N. */
-const char *ff_nonfinite_gradient(const float *grads, const void *tensors, int n_tensors,
-                                  int64_t step);
+/* The first tensor (in table order) whose gradient (grads, backend memory of k) holds a NaN or an
+ * infinity, or NULL. A test hook, the environment variable FF_INJECT_NAN_STEP=N, poisons one
+ * gradient at step N. */
+const char *ff_nonfinite_gradient(const ff_kernels *k, float *grads, const void *tensors,
+                                  int n_tensors, int64_t step);
 
 /* Learning rate at step t (1-based) from the training settings. */
 double ff_learning_rate(const ff_training *t, int64_t step, int64_t total_steps);

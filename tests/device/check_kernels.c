@@ -1,0 +1,282 @@
+/* check_kernels.c — every operation of the CUDA backend against the CPU backend on fresh random
+ * inputs (the ggml test-backend-ops idea). Outputs a kernel overwrites are poisoned with NaN on
+ * the GPU before it runs, so an element it fails to write fails the check; outputs it accumulates
+ * into start from the same random values on both sides. The error of an output is
+ * max |gpu − cpu| / max |cpu| over its elements (NaN anywhere fails), against 1e-5 for fp32 paths
+ * and 1e-2 for matmuls computed in bf16.
+ *
+ * usage: check_kernels fp32|bf16 [SEED]     exit 0 all pass, 1 a failure, 77 no GPU
+ *        check_kernels self [SEED]          the CPU backend against itself: checks the checker
+ *                                           (poisoning, shapes, comparisons) where no GPU is */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ff_kernels.h"
+
+static const ff_kernels *cpu, *gpu;
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static int failures, checks;
+static const char *math_name;
+static double matmul_tol;
+
+static double uniform(void) { /* xorshift64*, in [-1, 1) */
+  rng_state ^= rng_state >> 12;
+  rng_state ^= rng_state << 25;
+  rng_state ^= rng_state >> 27;
+  return (double)((rng_state * 2685821657736338717ull) >> 11) / 4503599627370496.0 - 1.0;
+}
+
+/* One tensor on both backends. */
+typedef struct pair {
+  float *c, *g;
+  int64_t n;
+} pair;
+
+static pair make(int64_t n, double amplitude) {
+  pair p = {cpu->alloc((size_t)n * 4), gpu->alloc((size_t)n * 4), n};
+  if (!p.c || !p.g) {
+    fprintf(stderr, "check_kernels: out of memory\n");
+    exit(1);
+  }
+  for (int64_t i = 0; i < n; i++) p.c[i] = (float)(amplitude * uniform());
+  gpu->to_device(p.g, p.c, (size_t)n * 4);
+  return p;
+}
+
+/* An output the kernel overwrites: zero on the CPU, NaN on the GPU. */
+static pair output(int64_t n) {
+  pair p = make(n, 0.0);
+  float *nan = malloc((size_t)n * 4);
+  for (int64_t i = 0; i < n; i++) nan[i] = NAN;
+  gpu->to_device(p.g, nan, (size_t)n * 4);
+  free(nan);
+  return p;
+}
+
+static void drop(pair p) {
+  cpu->release(p.c);
+  gpu->release(p.g);
+}
+
+static void check(const char *what, pair p, double tol) {
+  float *host = malloc((size_t)p.n * 4);
+  gpu->to_host(host, p.g, (size_t)p.n * 4);
+  double worst = 0, scale = 0;
+  int64_t bad = -1;
+  for (int64_t i = 0; i < p.n; i++) {
+    scale = fmax(scale, fabs(p.c[i]));
+    if (!isfinite(host[i])) {
+      if (bad < 0) bad = i;
+      continue;
+    }
+    worst = fmax(worst, fabs((double)host[i] - p.c[i]));
+  }
+  double rel = scale > 0 ? worst / scale : worst;
+  bool ok = bad < 0 && rel <= tol;
+  checks++;
+  if (!ok) failures++;
+  printf("%-44s %-4s  rel error %.3e  (tolerance %.0e)%s", what, ok ? "ok" : "FAIL", rel, tol,
+         bad >= 0 ? "  non-finite output" : "");
+  if (bad >= 0) printf(" at element %lld", (long long)bad);
+  printf("\n");
+  free(host);
+}
+
+static int32_t *tokens_pair(int n, int vocab, int32_t **dev) {
+  int32_t *host = malloc((size_t)n * sizeof *host);
+  for (int i = 0; i < n; i++) host[i] = (int32_t)((uniform() + 1.0) * 0.5 * vocab) % vocab;
+  *dev = gpu->alloc((size_t)n * sizeof **dev);
+  gpu->to_device(*dev, host, (size_t)n * sizeof *host);
+  return host;
+}
+
+/* ---- the operations -------------------------------------------------------------------- */
+
+static void check_matmul(int N, int In, int Out, int offset) {
+  char name[96];
+  pair x = make((int64_t)N * In + offset, 1), w = make((int64_t)Out * In + offset, 0.5);
+  pair y = output((int64_t)N * Out + offset), dy = make((int64_t)N * Out + offset, 1);
+  pair dx = output((int64_t)N * In + offset), dw = make((int64_t)Out * In + offset, 0.1);
+  /* offset floats in: pointers that are not 16-byte aligned, like tensors inside a block */
+  cpu->matmul_fwd(y.c + offset, x.c + offset, w.c + offset, N, In, Out);
+  gpu->matmul_fwd(y.g + offset, x.g + offset, w.g + offset, N, In, Out);
+  cpu->matmul_bwd(dx.c + offset, dw.c + offset, dy.c + offset, x.c + offset, w.c + offset, N, In, Out);
+  gpu->matmul_bwd(dx.g + offset, dw.g + offset, dy.g + offset, x.g + offset, w.g + offset, N, In, Out);
+  if (offset) { /* the skipped head is not the kernels' to write */
+    float zero[4] = {0};
+    gpu->to_device(y.g, zero, (size_t)offset * 4);
+    gpu->to_device(dx.g, zero, (size_t)offset * 4);
+  }
+  snprintf(name, sizeof name, "matmul_fwd %dx%dx%d%s (%s)", N, In, Out, offset ? " unaligned" : "", math_name);
+  check(name, y, matmul_tol);
+  snprintf(name, sizeof name, "matmul_bwd dinp %dx%dx%d%s", N, In, Out, offset ? " unaligned" : "");
+  check(name, dx, matmul_tol);
+  snprintf(name, sizeof name, "matmul_bwd dw += %dx%dx%d%s", N, In, Out, offset ? " unaligned" : "");
+  check(name, dw, matmul_tol);
+  drop(x), drop(w), drop(y), drop(dy), drop(dx), drop(dw);
+}
+
+static void check_embedding(int N, int C, int vocab, int first, int end) {
+  int32_t *tok_g, *tok = tokens_pair(N, vocab, &tok_g);
+  pair table = make((int64_t)(end - first) * C, 1), out = output((int64_t)N * C);
+  pair dout = make((int64_t)N * C, 1), dtable = make((int64_t)(end - first) * C, 0.1);
+  cpu->embedding_fwd(out.c, tok, table.c, N, C, first, end);
+  gpu->embedding_fwd(out.g, tok_g, table.g, N, C, first, end);
+  cpu->embedding_bwd(dtable.c, dout.c, tok, N, C, first, end);
+  gpu->embedding_bwd(dtable.g, dout.g, tok_g, N, C, first, end);
+  check("embedding_fwd (vocabulary shard)", out, 1e-5);
+  check("embedding_bwd dtable += (repeated tokens)", dtable, 1e-5);
+  drop(table), drop(out), drop(dout), drop(dtable);
+  free(tok);
+  gpu->release(tok_g);
+}
+
+static void check_rmsnorm(int N, int C) {
+  pair x = make((int64_t)N * C, 2), w = make(C, 1), y = output((int64_t)N * C), r = output(N);
+  pair dy = make((int64_t)N * C, 1), dx = output((int64_t)N * C), dw = make(C, 0.1);
+  cpu->rmsnorm_fwd(y.c, r.c, x.c, w.c, N, C, 1e-5f);
+  gpu->rmsnorm_fwd(y.g, r.g, x.g, w.g, N, C, 1e-5f);
+  cpu->rmsnorm_bwd(dx.c, dw.c, dy.c, x.c, w.c, r.c, N, C);
+  gpu->rmsnorm_bwd(dx.g, dw.g, dy.g, x.g, w.g, r.g, N, C);
+  check("rmsnorm_fwd out", y, 1e-5);
+  check("rmsnorm_fwd rstd", r, 1e-5);
+  check("rmsnorm_bwd dinp", dx, 1e-5);
+  check("rmsnorm_bwd dw +=", dw, 1e-5);
+  drop(x), drop(w), drop(y), drop(r), drop(dy), drop(dx), drop(dw);
+}
+
+static void check_rope(int B, int S, int H, int D) {
+  pair x = make((int64_t)B * S * H * D, 1);
+  cpu->rope_fwd(x.c, B, S, H, D, 10000.0f);
+  gpu->rope_fwd(x.g, B, S, H, D, 10000.0f);
+  check("rope_fwd", x, 1e-5);
+  cpu->rope_bwd(x.c, B, S, H, D, 10000.0f);
+  gpu->rope_bwd(x.g, B, S, H, D, 10000.0f);
+  check("rope_bwd", x, 1e-5);
+  drop(x);
+}
+
+/* Hq local query heads from global q_first, over Hkv local kv heads from kv_first. */
+static void check_attention(int B, int S, int Hq, int Hkv, int D, int q_first, int kv_first,
+                            int group) {
+  char name[128];
+  int64_t nq = (int64_t)B * S * Hq * D, nk = (int64_t)B * S * Hkv * D;
+  pair q = make(nq, 1), k = make(nk, 1), v = make(nk, 1), out = output(nq);
+  pair lse = output((int64_t)B * Hq * S), dout = make(nq, 1);
+  pair dq = output(nq), dk = output(nk), dv = output(nk);
+  cpu->attention_fwd(out.c, lse.c, q.c, k.c, v.c, B, S, Hq, Hkv, D, q_first, kv_first, group);
+  gpu->attention_fwd(out.g, lse.g, q.g, k.g, v.g, B, S, Hq, Hkv, D, q_first, kv_first, group);
+  cpu->attention_bwd(dq.c, dk.c, dv.c, dout.c, out.c, lse.c, q.c, k.c, v.c, B, S, Hq, Hkv, D,
+                     q_first, kv_first, group);
+  gpu->attention_bwd(dq.g, dk.g, dv.g, dout.g, out.g, lse.g, q.g, k.g, v.g, B, S, Hq, Hkv, D,
+                     q_first, kv_first, group);
+  const char *what[5] = {"out", "lse", "dq", "dk", "dv"};
+  pair *got[5] = {&out, &lse, &dq, &dk, &dv};
+  for (int i = 0; i < 5; i++) {
+    snprintf(name, sizeof name, "attention B%d S%d Hq%d Hkv%d D%d q%d kv%d: %s", B, S, Hq, Hkv, D,
+             q_first, kv_first, what[i]);
+    check(name, *got[i], 1e-5);
+  }
+  drop(q), drop(k), drop(v), drop(out), drop(lse), drop(dout), drop(dq), drop(dk), drop(dv);
+}
+
+static void check_elementwise(int64_t n) {
+  pair a = make(n, 3), b = make(n, 3), dy = make(n, 1), out = output(n), da = output(n), db = output(n);
+  cpu->swiglu_fwd(out.c, a.c, b.c, n);
+  gpu->swiglu_fwd(out.g, a.g, b.g, n);
+  check("swiglu_fwd", out, 1e-5);
+  cpu->swiglu_bwd(da.c, db.c, dy.c, a.c, b.c, n);
+  gpu->swiglu_bwd(da.g, db.g, dy.g, a.g, b.g, n);
+  check("swiglu_bwd dgate", da, 1e-5);
+  check("swiglu_bwd dup", db, 1e-5);
+  cpu->add(a.c, a.c, b.c, n); /* out aliases a, as the header allows */
+  gpu->add(a.g, a.g, b.g, n);
+  check("add (out aliases a)", a, 1e-5);
+  cpu->accumulate(b.c, dy.c, n);
+  gpu->accumulate(b.g, dy.g, n);
+  check("accumulate", b, 1e-5);
+  cpu->scale(dy.c, 0.37f, n);
+  gpu->scale(dy.g, 0.37f, n);
+  check("scale", dy, 1e-5);
+  drop(a), drop(b), drop(dy), drop(out), drop(da), drop(db);
+}
+
+static void check_cross_entropy(int N, int V, int vocab_first) {
+  int32_t *tg_g, *tg = tokens_pair(N, V + 2 * vocab_first, &tg_g); /* some targets off the shard */
+  pair z = make((int64_t)N * V, 4), mx = output(N), sm = output(N), loss = make(N, 0.5);
+  cpu->ce_row_max(mx.c, z.c, N, V);
+  gpu->ce_row_max(mx.g, z.g, N, V);
+  check("ce_row_max", mx, 1e-5);
+  cpu->ce_row_sum(sm.c, z.c, mx.c, N, V);
+  gpu->ce_row_sum(sm.g, z.g, mx.g, N, V);
+  check("ce_row_sum", sm, 1e-5);
+  cpu->ce_loss_grad(loss.c, z.c, z.c, tg, mx.c, sm.c, N, V, vocab_first, 1.0f / N);
+  gpu->ce_loss_grad(loss.g, z.g, z.g, tg_g, mx.g, sm.g, N, V, vocab_first, 1.0f / N);
+  check("ce_loss_grad loss +=", loss, 1e-5);
+  check("ce_loss_grad dlogits (in place)", z, 1e-5);
+  drop(z), drop(mx), drop(sm), drop(loss);
+  free(tg);
+  gpu->release(tg_g);
+}
+
+static void check_optimizer(int64_t n) {
+  pair p = make(n, 1), g = make(n, 1), m = make(n, 0.1), v = make(n, 0.1);
+  for (int64_t i = 0; i < n; i++) v.c[i] = fabsf(v.c[i]);
+  gpu->to_device(v.g, v.c, (size_t)n * 4);
+  for (int step = 1; step <= 3; step++) {
+    cpu->adamw(p.c, g.c, m.c, v.c, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+    gpu->adamw(p.g, g.g, m.g, v.g, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+  }
+  check("adamw param (3 steps)", p, 1e-5);
+  check("adamw m", m, 1e-5);
+  check("adamw v", v, 1e-5);
+  double a = cpu->sum_squares(g.c, n), b = gpu->sum_squares(g.g, n);
+  double rel = fabs(a - b) / a;
+  checks++;
+  bool ok = isfinite(b) && rel <= 1e-9;
+  if (!ok) failures++;
+  printf("%-44s %-4s  rel error %.3e  (tolerance 1e-09)\n", "sum_squares (double)", ok ? "ok" : "FAIL", rel);
+  drop(p), drop(g), drop(m), drop(v);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || (strcmp(argv[1], "fp32") && strcmp(argv[1], "bf16") && strcmp(argv[1], "self"))) {
+    fprintf(stderr, "usage: check_kernels fp32|bf16|self [SEED]\n");
+    return 2;
+  }
+  bool self = strcmp(argv[1], "self") == 0;
+  bool bf16 = strcmp(argv[1], "bf16") == 0;
+  math_name = argv[1];
+  matmul_tol = bf16 ? 1e-2 : 1e-5;
+  if (argc > 2) rng_state ^= strtoull(argv[2], NULL, 10) * 0x9e3779b97f4a7c15ull;
+  char why[256];
+  cpu = ff_kernels_cpu(1);
+  gpu = self ? cpu : ff_kernels_cuda(0, bf16 ? FF_MATH_BF16 : FF_MATH_FP32, NULL, why, sizeof why);
+  if (!gpu) {
+    printf("check_kernels: no CUDA backend here (%s); nothing checked\n", why);
+    return 77;
+  }
+  check_matmul(154, 96, 200, 0);
+  check_matmul(77, 64, 172, 1);
+  check_matmul(512, 2048, 5632, 0);
+  check_embedding(154, 96, 256, 40, 200);
+  check_rmsnorm(154, 2048);
+  check_rmsnorm(77, 96);
+  check_rope(2, 77, 3, 64);
+  check_attention(2, 77, 4, 4, 16, 0, 0, 1);     /* MHA, S not a multiple of the tile */
+  check_attention(2, 77, 3, 2, 16, 1, 0, 2);     /* GQA shard: heads 1-3 over kv 0-1 */
+  check_attention(1, 130, 2, 1, 64, 2, 1, 2);    /* heads 2-3 over kv head 1 */
+  check_attention(1, 96, 2, 2, 128, 0, 0, 1);
+  check_attention(1, 40, 1, 1, 200, 0, 0, 1);    /* D not a power of two, past 128 */
+  check_elementwise(100003);
+  check_cross_entropy(154, 256, 0);
+  check_cross_entropy(77, 1000, 300);            /* a vocabulary shard */
+  check_optimizer(100003);
+  ff_kernel_memory mem;
+  gpu->memory(&mem);
+  printf("check_kernels (%s): %d checks, %d failed; GPU allocations now %.1f MiB, peak %.1f MiB\n",
+         math_name, checks, failures, mem.allocated_bytes / 1048576.0, mem.peak_bytes / 1048576.0);
+  return failures ? 1 : 0;
+}

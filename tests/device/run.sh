@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# tests/device/run.sh — the GPU checks of the CUDA backend as one script, for a lent GPU machine
+# (one H200; it should take well under 8 minutes). From the repository root:
+#   tests/device/fetch-debs.sh          (here, once: the Debian packages the build needs)
+#   tests/device/run.sh                 (there, carrying .device-debs)
+# It builds with CUDA into build-device/, then
+#   1. every kernel against the CPU backend on fresh random inputs (check_kernels fp32, bf16);
+#   2. 20 training steps of the tiny model on the GPU against the CPU backend, fp32 and bf16;
+#   3. a 4-rank plan (DP + PP + uneven TP with a shared kv head) on the one GPU under mpirun,
+#      against the one-rank GPU run of the same model;
+#   4. the ~1B Llama on one GPU: tokens/s, MFU against 989 TFLOP/s, backend memory;
+# and prints a summary table last (also written to $OUT/summary.md when OUT is set).
+# Exit status: the number of failed parts (0 = all passed).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+t0=$(date +%s)
+out=${OUT:-build-device/out}
+mkdir -p "$out"
+rows=()
+failed=0
+say() { echo "[device $(($(date +%s) - t0)) s] $*" >&2; }
+row() { # part, result, detail
+  rows+=("| $1 | $2 | $3 |")
+  [ "$2" = pass ] || [ "$2" = measured ] || failed=$((failed + 1))
+}
+
+# ---- 0. what the machine lacks comes from the carried packages, unpacked into a prefix -------
+if [ -d .device-debs ] && ! pkg-config --exists libcjson 2>/dev/null; then
+  say "unpacking $(ls .device-debs/*.deb | wc -l) carried packages into /tmp/ffdeps"
+  P=/tmp/ffdeps
+  for f in .device-debs/*.deb; do dpkg -x "$f" "$P"; done
+  L=$P/usr/lib/x86_64-linux-gnu
+  export PKG_CONFIG="$P/usr/bin/pkgconf" PKG_CONFIG_SYSROOT_DIR=$P
+  export PKG_CONFIG_PATH=$L/pkgconfig:$L/openmpi/lib/pkgconfig:$P/usr/share/pkgconfig
+  export CPATH=$P/usr/include:$P/usr/include/x86_64-linux-gnu/openblas-pthread
+  export LIBRARY_PATH=$L:$L/openblas-pthread:$L/openmpi/lib
+  export LD_LIBRARY_PATH=$L:$L/openblas-pthread:$L/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export OPAL_PREFIX=$P/usr PATH=$P/usr/bin:$PATH
+  ln -sf pkgconf "$P/usr/bin/pkg-config"
+  ln -sf mpirun.openmpi "$P/usr/bin/mpirun"
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+
+say "configure and build (CUDA enabled)"
+if ! { [ -d build-device/meson-info ] || meson setup build-device -Dcuda=enabled \
+         -Dbuildtype=release >"$out/build.log" 2>&1; } ||
+   ! ninja -C build-device >>"$out/build.log" 2>&1; then
+  tail -30 "$out/build.log"
+  row build FAIL "see build.log"
+  printf '%s\n' "| part | result | detail |" "|---|---|---|" "${rows[@]}"
+  exit 1
+fi
+row build pass "build-device/, $(grep -c 'Compiling Cuda' "$out/build.log") CUDA files"
+ffrun=build-device/executor/ffrun
+ffplan=build-device/planner/ffplan
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/gpu.txt" 2>&1
+
+# ---- 1. kernels --------------------------------------------------------------------------------
+for math in fp32 bf16; do
+  say "check_kernels $math"
+  build-device/tests/check_kernels "$math" >"$out/kernels-$math.txt" 2>&1
+  rc=$?
+  worst=$(awk '$0 ~ /rel error/ {for (i = 1; i < NF; i++) if ($i == "error") print $(i + 1)}' \
+          "$out/kernels-$math.txt" | sort -g | tail -1)
+  [ $rc -eq 0 ] && r=pass || r=FAIL
+  row "1. kernels ($math)" $r "$(tail -1 "$out/kernels-$math.txt"); worst rel error ${worst:-?}"
+  grep FAIL "$out/kernels-$math.txt" | head -5 >&2
+done
+
+# losses A B TOL: the per-step losses of two metrics files agree to relative TOL
+losses() {
+  python3 - "$@" <<'PY'
+import json, os, sys
+for f in sys.argv[1:3]:
+    if not os.path.exists(f):
+        print("no metrics: %s was not written (see the .err/.log beside it)" % f)
+        sys.exit(1)
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+tol = float(sys.argv[3])
+worst = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=float("inf"))
+ok = len(a) == len(b) and len(a) > 0 and worst <= tol
+print("%d steps, worst rel loss difference %.2e (tolerance %g), final %.4f vs %.4f"
+      % (len(b), worst, tol, a[-1] if a else 0, b[-1] if b else 0))
+sys.exit(0 if ok else 1)
+PY
+}
+
+# ---- 2. training curves ------------------------------------------------------------------------
+say "20 steps, CPU against GPU"
+$ffplan plan --cluster tests/device/h200-1.json --model profiles/models/tiny.json \
+  --training tests/device/tiny-bf16-training.json -o "$out/tiny-bf16.json" >/dev/null 2>&1
+for prec in fp32 bf16; do
+  plan=tests/plans/one-rank.json tol=1e-4
+  [ $prec = bf16 ] && plan=$out/tiny-bf16.json tol=2e-2
+  $ffrun "$plan" --text LICENSE --steps 20 --quiet --backend cpu --metrics "$out/cpu-$prec.jsonl" &&
+    $ffrun "$plan" --text LICENSE --steps 20 --quiet --backend cuda --metrics "$out/gpu-$prec.jsonl" \
+      2>"$out/gpu-$prec.err"
+  detail=$(losses "$out/cpu-$prec.jsonl" "$out/gpu-$prec.jsonl" $tol) && r=pass || r=FAIL
+  row "2. 20 steps GPU vs CPU ($prec)" $r "$detail"
+done
+
+# ---- 3. a 4-rank plan on the one GPU -----------------------------------------------------------
+say "4 ranks on one GPU under mpirun"
+$ffrun tests/plans/one-rank.json --text LICENSE --steps 5 --quiet --backend cuda \
+  --metrics "$out/one-gpu.jsonl" 2>"$out/one-gpu.err"
+timeout 180 mpirun -np 4 $ffrun tests/device/dp-pp-tp-4rank.json --text LICENSE --steps 5 --quiet \
+  --backend cuda --metrics "$out/four-gpu.jsonl" >"$out/four-gpu.log" 2>&1
+detail=$(losses "$out/one-gpu.jsonl" "$out/four-gpu.jsonl" 1e-4) && r=pass || r=FAIL
+row "3. 4-rank DP+PP+uneven TP = 1 rank (GPU)" $r "$detail"
+
+# ---- 4. the ~1B Llama on one GPU ---------------------------------------------------------------
+say "llama-1b throughput"
+$ffplan plan --cluster tests/device/h200-1.json --model tests/device/llama-1b.json \
+  --training tests/device/bench-training.json -o "$out/llama-1b.json" >"$out/llama-1b-plan.txt" 2>&1
+timeout 300 $ffrun "$out/llama-1b.json" --text LICENSE --steps 6 --backend cuda \
+  --metrics "$out/llama-1b.jsonl" >"$out/llama-1b.log" 2>&1
+detail=$(python3 - "$out/llama-1b.jsonl" <<'PY'
+import json, os, statistics, sys
+if not os.path.exists(sys.argv[1]):
+    print("no metrics: see llama-1b.log"); sys.exit(1)
+rows = [json.loads(l) for l in open(sys.argv[1])][2:]  # steps 1-2 warm up
+if not rows:
+    print("no steps measured"); sys.exit(1)
+med = lambda k: statistics.median(r[k] for r in rows)
+print("median of %d steps: %.3f s/step, %.0f tokens/s, MFU %.1f %% (989 TFLOP/s), backend memory "
+      "%.1f GiB (predicted %.1f GiB, which assumes bf16 weights and activations)"
+      % (len(rows), med("step_seconds"), med("tokens_per_second"), 100 * med("mfu"),
+         rows[-1]["memory_gib"], rows[-1]["predicted"]["memory_gib"]))
+PY
+) && r=measured || r=FAIL
+row "4. llama-1b, 1 GPU, bf16 matmuls" $r "$detail"
+
+# ---- summary -----------------------------------------------------------------------------------
+{
+  echo "GPU: $(cat "$out/gpu.txt" 2>/dev/null)   total $(($(date +%s) - t0)) s"
+  echo
+  echo "| part | result | detail |"
+  echo "|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} | tee "$out/summary.md"
+exit "$failed"

@@ -95,6 +95,7 @@ typedef struct run {
   int64_t stop_at;     /* --steps, or training.steps */
   FILE *metrics;
   double predicted_seconds, predicted_memory_gib, peak_flops;
+  double matmul_seconds, attention_seconds; /* the backend's totals at the last report */
   int32_t *inputs, *targets;
 } run;
 
@@ -151,15 +152,23 @@ static void report(run *r, int64_t step, double loss, double norm, double lr, do
   double flops = ff_flops_model_per_token(&r->plan->model) * tokens / seconds;
   ff_kernel_memory mem;
   r->k->memory(&mem);
+  double matmul_s, attention_s; /* this step's share of the backend's running totals */
+  r->k->op_seconds(&matmul_s, &attention_s);
+  double step_matmul_s = matmul_s - r->matmul_seconds;
+  double step_attention_s = attention_s - r->attention_seconds;
+  r->matmul_seconds = matmul_s;
+  r->attention_seconds = attention_s;
   if (r->metrics) {
     fprintf(r->metrics,
             "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
             "\"step_seconds\": %.6g, \"tokens_per_second\": %.6g, \"flops_per_second\": %.6g, "
             "\"mfu\": %.6g, \"compute_seconds\": %.6g, \"other_seconds\": %.6g, "
+            "\"matmul_seconds\": %.6g, \"attention_seconds\": %.6g, "
             "\"peak_memory_gib\": %.6g, \"memory_gib\": %.6g, \"device_used_gib\": %.6g, "
             "\"predicted\": {\"iteration_seconds\": %.6g, \"memory_gib\": %.6g}}\n",
             (long long)step, loss, lr, norm, seconds, tokens / seconds, flops,
-            flops / r->peak_flops, compute_s, seconds - compute_s, peak_memory_gib(),
+            flops / r->peak_flops, compute_s, seconds - compute_s, step_matmul_s, step_attention_s,
+            peak_memory_gib(),
             (double)mem.peak_bytes / FF_GIB, (double)mem.device_used_bytes / FF_GIB,
             r->predicted_seconds, r->predicted_memory_gib);
     fflush(r->metrics);

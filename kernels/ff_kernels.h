@@ -50,6 +50,9 @@ typedef struct ff_kernels {
   /* Wait until all issued work has finished (timers call this). */
   void (*sync)(void);
   void (*memory)(ff_kernel_memory *out);
+  /* Seconds spent in matmuls and in attention since the backend started (on the GPU, measured
+   * with events around each operation; complete once the work has been waited for). */
+  void (*op_seconds)(double *matmul_seconds, double *attention_seconds);
 
   /* out(N, Out) = inp(N, In) · w(Out, In)ᵀ */
   void (*matmul_fwd)(float *out, const float *inp, const float *w, int N, int In, int Out);

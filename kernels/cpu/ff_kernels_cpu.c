@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ff_kernels.h"
 
@@ -58,6 +59,20 @@ static void cpu_release(void *p) {
 
 static void cpu_sync(void) {}
 
+/* Time in matmuls and attention, for the metrics' split of a step. */
+static double cpu_matmul_seconds, cpu_attention_seconds;
+
+static double wall_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void cpu_op_seconds(double *matmul_seconds, double *attention_seconds) {
+  *matmul_seconds = cpu_matmul_seconds;
+  *attention_seconds = cpu_attention_seconds;
+}
+
 static void cpu_memory(ff_kernel_memory *out) {
   out->allocated_bytes = cpu_allocated_bytes;
   out->peak_bytes = cpu_peak_bytes;
@@ -97,7 +112,8 @@ static void axpy(float *restrict y, float alpha, const float *restrict x, int64_
 /* ---- matmul ----------------------------------------------------------------------------- */
 
 /* out(N, Out) = inp(N, In) · w(Out, In)ᵀ */
-static void matmul_fwd(float *out, const float *inp, const float *w, int N, int In, int Out) {
+static void matmul_fwd_untimed(float *out, const float *inp, const float *w, int N, int In,
+                               int Out) {
   if (N <= 0 || Out <= 0) return;
   if (In <= 0) {
     memset(out, 0, (size_t)N * (size_t)Out * sizeof *out);
@@ -109,7 +125,7 @@ static void matmul_fwd(float *out, const float *inp, const float *w, int N, int 
 
 /* dinp(N, In) = dout(N, Out) · w(Out, In) (overwritten, skipped when NULL);
  * dw(Out, In) += dout(N, Out)ᵀ · inp(N, In) (skipped when NULL) */
-static void matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+static void matmul_bwd_untimed(float *dinp, float *dw, const float *dout, const float *inp,
                        const float *w, int N, int In, int Out) {
   if (N <= 0 || In <= 0) return;
   if (Out <= 0) {
@@ -273,7 +289,7 @@ static float attention_row(float *restrict out, const float *restrict q, const f
 }
 
 /* q, out (B, S, Hq, D); k, v (B, S, Hkv, D); lse (B, Hq, S). Causal, scale 1/sqrt(D). */
-static void attention_fwd(float *restrict out, float *restrict lse, const float *restrict q,
+static void attention_fwd_untimed(float *restrict out, float *restrict lse, const float *restrict q,
                           const float *restrict k, const float *restrict v, int B, int S, int Hq,
                           int Hkv, int D, int q_first, int kv_first, int group) {
   float scale = 1.0f / sqrtf((float)D);
@@ -313,7 +329,7 @@ static void attention_row_bwd(float *restrict dq, float *restrict dk, float *res
 
 /* dq, dout, out, q (B, S, Hq, D); dk, dv, k, v (B, S, Hkv, D); lse (B, Hq, S).
  * dq, dk, dv are overwritten; dk, dv sum over the local query heads sharing a kv head. */
-static void attention_bwd(float *restrict dq, float *restrict dk, float *restrict dv,
+static void attention_bwd_untimed(float *restrict dq, float *restrict dk, float *restrict dv,
                           const float *restrict dout, const float *restrict out,
                           const float *restrict lse, const float *restrict q,
                           const float *restrict k, const float *restrict v, int B, int S, int Hq,
@@ -451,6 +467,38 @@ static double sum_squares(const float *restrict x, int64_t n) {
   return sum;
 }
 
+/* ---- timed entry points ----------------------------------------------------------------- */
+
+static void matmul_fwd(float *out, const float *inp, const float *w, int N, int In, int Out) {
+  double t = wall_seconds();
+  matmul_fwd_untimed(out, inp, w, N, In, Out);
+  cpu_matmul_seconds += wall_seconds() - t;
+}
+
+static void matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                       const float *w, int N, int In, int Out) {
+  double t = wall_seconds();
+  matmul_bwd_untimed(dinp, dw, dout, inp, w, N, In, Out);
+  cpu_matmul_seconds += wall_seconds() - t;
+}
+
+static void attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                          int B, int S, int Hq, int Hkv, int D, int q_first, int kv_first,
+                          int group) {
+  double t = wall_seconds();
+  attention_fwd_untimed(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
+  cpu_attention_seconds += wall_seconds() - t;
+}
+
+static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                          const float *lse, const float *q, const float *k, const float *v, int B,
+                          int S, int Hq, int Hkv, int D, int q_first, int kv_first, int group) {
+  double t = wall_seconds();
+  attention_bwd_untimed(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first,
+                        group);
+  cpu_attention_seconds += wall_seconds() - t;
+}
+
 /* ---- the table -------------------------------------------------------------------------- */
 
 static const ff_kernels cpu_kernels = {
@@ -465,6 +513,7 @@ static const ff_kernels cpu_kernels = {
     .release_host = cpu_release,
     .sync = cpu_sync,
     .memory = cpu_memory,
+    .op_seconds = cpu_op_seconds,
     .matmul_fwd = matmul_fwd,
     .matmul_bwd = matmul_bwd,
     .embedding_fwd = embedding_fwd,

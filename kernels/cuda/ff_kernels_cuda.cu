@@ -30,7 +30,10 @@ enum {
   EMBED_BUCKETS = 32,           /* vocabulary rows per column split over this many threads */
   GEMM_CACHE = 128,             /* distinct matmul shapes remembered with their algorithm */
   WORKSPACE_BYTES = 32 << 20,   /* cuBLASLt workspace */
+  OP_RING = 1024,               /* timed operations in flight before the oldest is waited for */
 };
+
+enum { OP_MATMUL, OP_ATTENTION, OP_KINDS };
 
 typedef struct gemm_entry {
   int ta, tb, m, n, k, lda, ldb, ldc, accumulate, align_a, align_b, align_c;
@@ -60,6 +63,11 @@ static struct cuda_backend {
   alloc_entry *allocs;
   int n_allocs, cap_allocs;
   int64_t allocated_bytes, peak_bytes;
+  /* event pairs around matmuls and attention, read back once the stream has passed them */
+  cudaEvent_t op_start[OP_RING], op_stop[OP_RING];
+  unsigned char op_kind[OP_RING];
+  int op_head, op_pending;
+  double op_seconds[OP_KINDS];
 } g;
 
 cudaStream_t ff_cuda_stream(void) { return g.stream; }
@@ -79,6 +87,39 @@ void ff_cuda_fatal(const char *file, int line, const char *call, const char *mes
     if (ff_st_ != CUBLAS_STATUS_SUCCESS)                                                       \
       ff_cuda_fatal(__FILE__, __LINE__, #call, cublasGetStatusString(ff_st_));                 \
   } while (0)
+
+/* ---- timing of matmuls and attention ---------------------------------------------------- */
+
+/* Fold finished event pairs into op_seconds; waits for the last one recorded, so callers do
+ * this after a stream synchronisation (then nothing waits) or when the ring is full. */
+static void op_drain(void) {
+  for (; g.op_pending > 0; g.op_pending--, g.op_head = (g.op_head + 1) % OP_RING) {
+    float ms = 0.0f;
+    FF_CUDA_CHECK(cudaEventSynchronize(g.op_stop[g.op_head]));
+    FF_CUDA_CHECK(cudaEventElapsedTime(&ms, g.op_start[g.op_head], g.op_stop[g.op_head]));
+    g.op_seconds[g.op_kind[g.op_head]] += ms * 1e-3;
+  }
+}
+
+static int op_begin(int kind) {
+  if (g.op_pending == OP_RING) op_drain();
+  int i = (g.op_head + g.op_pending) % OP_RING;
+  g.op_kind[i] = (unsigned char)kind;
+  FF_CUDA_CHECK(cudaEventRecord(g.op_start[i], g.stream));
+  return i;
+}
+
+static void op_end(int i) {
+  FF_CUDA_CHECK(cudaEventRecord(g.op_stop[i], g.stream));
+  g.op_pending++;
+}
+
+static void cuda_op_seconds(double *matmul_seconds, double *attention_seconds) {
+  FF_CUDA_CHECK(cudaStreamSynchronize(g.stream));
+  op_drain();
+  *matmul_seconds = g.op_seconds[OP_MATMUL];
+  *attention_seconds = g.op_seconds[OP_ATTENTION];
+}
 
 /* ---- memory ----------------------------------------------------------------------------- */
 
@@ -121,12 +162,14 @@ static void cuda_zero(void *p, size_t bytes) {
   if (bytes) FF_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g.stream));
 }
 
+static void cuda_sync(void);
+
 /* Either direction (unified addressing tells host from device); the host side may be pageable
  * and reused at once, so both wait for the copy. */
 static void cuda_copy(void *dst, const void *src, size_t bytes) {
   if (!bytes) return;
   FF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g.stream));
-  FF_CUDA_CHECK(cudaStreamSynchronize(g.stream));
+  cuda_sync();
 }
 
 static void *cuda_alloc_host(size_t bytes) {
@@ -144,7 +187,10 @@ static void cuda_release_host(void *p) {
   if (p) FF_CUDA_CHECK(cudaFreeHost(p));
 }
 
-static void cuda_sync(void) { FF_CUDA_CHECK(cudaStreamSynchronize(g.stream)); }
+static void cuda_sync(void) {
+  FF_CUDA_CHECK(cudaStreamSynchronize(g.stream));
+  op_drain();
+}
 
 static void cuda_memory(ff_kernel_memory *out) {
   size_t free_bytes = 0, total_bytes = 0;
@@ -249,7 +295,9 @@ static void matmul_fwd(float *out, const float *inp, const float *w, int N, int 
     cuda_zero(out, (size_t)N * (size_t)Out * sizeof *out);
     return;
   }
+  int t = op_begin(OP_MATMUL);
   gemm(1, 0, Out, N, In, w, In, inp, In, false, out, Out);
+  op_end(t);
 }
 
 /* dinp(N, In) = dout · w  ⇔  dinpᵀ(In, N) = wᵀ · doutᵀ;
@@ -261,8 +309,27 @@ static void matmul_bwd(float *dinp, float *dw, const float *dout, const float *i
     if (dinp) cuda_zero(dinp, (size_t)N * (size_t)In * sizeof *dinp);
     return;
   }
+  int t = op_begin(OP_MATMUL);
   if (dinp) gemm(0, 0, In, N, Out, w, In, dout, Out, false, dinp, In);
   if (dw) gemm(0, 1, In, Out, N, inp, In, dout, Out, true, dw, In);
+  op_end(t);
+}
+
+static void attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                          int B, int S, int Hq, int Hkv, int D, int q_first, int kv_first,
+                          int group) {
+  int t = op_begin(OP_ATTENTION);
+  ff_cuda_attention_fwd(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
+  op_end(t);
+}
+
+static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                          const float *lse, const float *q, const float *k, const float *v, int B,
+                          int S, int Hq, int Hkv, int D, int q_first, int kv_first, int group) {
+  int t = op_begin(OP_ATTENTION);
+  ff_cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first,
+                        group);
+  op_end(t);
 }
 
 /* ---- embedding -------------------------------------------------------------------------- */
@@ -571,9 +638,10 @@ static const ff_kernels cuda_kernels = {
     /* .name = */ "cuda",
     /* .host_memory = */ false,
     cuda_alloc, cuda_release, cuda_zero, cuda_copy, cuda_copy, cuda_alloc_host, cuda_release_host,
-    cuda_sync, cuda_memory, matmul_fwd, matmul_bwd, embedding_fwd, embedding_bwd, rmsnorm_fwd,
-    rmsnorm_bwd, rope_fwd, rope_bwd, ff_cuda_attention_fwd, ff_cuda_attention_bwd, swiglu_fwd,
-    swiglu_bwd, add, accumulate, scale, ce_row_max, ce_row_sum, ce_loss_grad, adamw, sum_squares,
+    cuda_sync, cuda_memory, cuda_op_seconds, matmul_fwd, matmul_bwd, embedding_fwd,
+    embedding_bwd, rmsnorm_fwd, rmsnorm_bwd, rope_fwd, rope_bwd, attention_fwd, attention_bwd,
+    swiglu_fwd, swiglu_bwd, add, accumulate, scale, ce_row_max, ce_row_sum, ce_loss_grad, adamw,
+    sum_squares,
 };
 
 static bool setup_failed(cudaError_t err, const char *what, char *why, size_t why_cap) {
@@ -601,6 +669,10 @@ extern "C" const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math,
       setup_failed(cudaMalloc(&g.sumsq_partial, (SUMSQ_BLOCKS + 1) * sizeof(double)),
                    "cudaMalloc (reduction scratch)", why, why_cap))
     return NULL;
+  for (int i = 0; i < OP_RING; i++)
+    if (setup_failed(cudaEventCreate(&g.op_start[i]), "cudaEventCreate", why, why_cap) ||
+        setup_failed(cudaEventCreate(&g.op_stop[i]), "cudaEventCreate", why, why_cap))
+      return NULL;
   if (cublasLtCreate(&g.lt) != CUBLAS_STATUS_SUCCESS || cublasCreate(&g.blas) != CUBLAS_STATUS_SUCCESS ||
       cublasSetStream(g.blas, g.stream) != CUBLAS_STATUS_SUCCESS) {
     snprintf(why, why_cap, "cuBLAS could not be initialised on GPU %d", device);

@@ -115,17 +115,26 @@ $ffplan plan --cluster tests/device/h200-1.json --model tests/device/llama-1b.js
   --training tests/device/bench-training.json -o "$out/llama-1b.json" >"$out/llama-1b-plan.txt" 2>&1
 timeout 300 $ffrun "$out/llama-1b.json" --text LICENSE --steps 6 --backend cuda \
   --metrics "$out/llama-1b.jsonl" >"$out/llama-1b.log" 2>&1
-detail=$(python3 - "$out/llama-1b.jsonl" <<'PY'
+detail=$(python3 - "$out/llama-1b.jsonl" tests/device/llama-1b.json <<'PY'
 import json, os, statistics, sys
 if not os.path.exists(sys.argv[1]):
     print("no metrics: see llama-1b.log"); sys.exit(1)
 rows = [json.loads(l) for l in open(sys.argv[1])][2:]  # steps 1-2 warm up
 if not rows:
     print("no steps measured"); sys.exit(1)
+m = json.load(open(sys.argv[2]))
+C, L, F, V, S = m["hidden"], m["layers"], m["ffn_hidden"], m["vocab"], m["seq_len"]
+D = C // m["heads"]
+matmul_params = L * (2 * C * C + 2 * C * m["kv_heads"] * D + 3 * C * F) + V * C
 med = lambda k: statistics.median(r[k] for r in rows)
-print("median of %d steps: %.3f s/step, %.0f tokens/s, MFU %.1f %% (989 TFLOP/s), backend memory "
-      "%.1f GiB (predicted %.1f GiB, which assumes bf16 weights and activations)"
-      % (len(rows), med("step_seconds"), med("tokens_per_second"), 100 * med("mfu"),
+step, mm, att = med("step_seconds"), med("matmul_seconds"), med("attention_seconds")
+tokens = med("tokens_per_second") * step
+mm_tflops = 6 * tokens * matmul_params / mm / 1e12 if mm > 0 else 0
+print("median of %d steps: %.3f s/step, %.0f tokens/s, MFU %.1f %% (989 TFLOP/s); split: matmul "
+      "%.3f s (%.0f %%, %.0f TFLOP/s = %.0f %% of 989), attention %.3f s (%.0f %%), the rest %.3f s; "
+      "backend memory %.1f GiB (predicted %.1f GiB, which assumes bf16 storage)"
+      % (len(rows), step, med("tokens_per_second"), 100 * med("mfu"), mm, 100 * mm / step,
+         mm_tflops, 100 * mm_tflops / 989, att, 100 * att / step, step - mm - att,
          rows[-1]["memory_gib"], rows[-1]["predicted"]["memory_gib"]))
 PY
 ) && r=measured || r=FAIL

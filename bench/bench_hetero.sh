@@ -5,10 +5,12 @@
 # two plans; one calibration on a run of ffplan's plan fits the profile, and both plans' predicted
 # iteration times are compared with what ffrun measured.
 #
-# The fast ranks are emulated at 2x and the slow ones at 6x (--throttle 0=2,1=2,2=6,3=6): the slow
-# devices are 3x slower than the fast ones, and waiting instead of computing keeps the four ranks'
-# demand (2 x 1/2 + 2 x 1/6 of a core) below this machine's two cores, so ranks seldom slow each
-# other down by sharing a core — which no cluster profile could describe.
+# The fast ranks are emulated at 4x and the slow ones at 12x (--throttle 0=4,1=4,2=12,3=12): the
+# slow devices are 3x slower than the fast ones, and waiting instead of computing keeps the four
+# ranks' demand (2 x 1/4 + 2 x 1/12 of a core) well below this machine's two cores, so ranks seldom
+# slow each other down by sharing a core — which no cluster profile could describe — and the
+# compute of a step outweighs the latency of its many small TP all-reduces, as on GPUs.
+# FF_HETERO_THROTTLE, FF_HETERO_STEPS and FF_HETERO_ROUNDS change the setting.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -21,9 +23,11 @@ export OMPI_MCA_mpi_yield_when_idle=1
 model=profiles/models/tiny.json
 training=profiles/training/tiny.json
 steps=${FF_HETERO_STEPS:-30}
+rounds=${FF_HETERO_ROUNDS:-5}
+throttle=${FF_HETERO_THROTTLE:-0=4,1=4,2=12,3=12}
 
-echo "== 1. profile: mpirun -np 4 ffrun profile --throttle 0=2,1=2,2=6,3=6"
-mpirun -np 4 "$ffrun" profile -o "$out/cluster.json" --model "$model" --throttle 0=2,1=2,2=6,3=6
+echo "== 1. profile: mpirun -np 4 ffrun profile --throttle $throttle"
+mpirun -np 4 "$ffrun" profile -o "$out/cluster.json" --model "$model" --throttle $throttle
 "$ffplan" validate "$out/cluster.json"
 echo "== 2. plan: ffplan plan, and --baseline uniform"
 "$ffplan" plan --cluster "$out/cluster.json" --model "$model" --training "$training" -o "$out/ffplan.json"
@@ -31,11 +35,11 @@ echo "== 2. plan: ffplan plan, and --baseline uniform"
   --baseline uniform -o "$out/uniform.json"
 "$ffplan" show "$out/ffplan.json" | sed -n '/^pipeline/,$p'
 echo "== 3. calibrate on one run of ffplan's plan"
-mpirun -np 4 "$ffrun" "$out/ffplan.json" --text LICENSE --steps 12 --quiet --metrics "$out/calibration.jsonl"
+mpirun -np 4 "$ffrun" "$out/ffplan.json" --text LICENSE --steps 20 --quiet --metrics "$out/calibration.jsonl"
 "$ffplan" calibrate --plan "$out/ffplan.json" --metrics "$out/calibration.jsonl" \
   --cluster "$out/cluster.json" -o "$out/calibrated.json" | sed -n '1,/^term/p' | sed '$d'
-echo "== 4. train both plans, alternating, $steps steps each, three rounds"
-for round in 1 2 3; do
+echo "== 4. train both plans, alternating, $steps steps each, $rounds rounds"
+for round in $(seq "$rounds"); do
   for plan in ffplan uniform; do
     mpirun -np 4 "$ffrun" "$out/$plan.json" --text LICENSE --steps "$steps" --quiet \
       --metrics "$out/$plan-$round.jsonl"
@@ -45,13 +49,13 @@ for plan in ffplan uniform; do
   "$ffplan" simulate "$out/$plan.json" --json >"$out/$plan-before.json"
   "$ffplan" simulate "$out/$plan.json" --cluster "$out/calibrated.json" --json >"$out/$plan-after.json"
 done
-python3 - "$out" <<'PY'
+python3 - "$out" "$rounds" <<'PY'
 import json, statistics, sys
-d = sys.argv[1]
+d, rounds = sys.argv[1], int(sys.argv[2])
 rows = {}
 for plan in ("ffplan", "uniform"):
     medians = []
-    for r in (1, 2, 3):
+    for r in range(1, rounds + 1):
         steps = [json.loads(l) for l in open("%s/%s-%d.jsonl" % (d, plan, r))][2:]
         medians.append(statistics.median(s["step_seconds"] for s in steps))
     measured = statistics.median(medians)
@@ -61,7 +65,7 @@ for plan in ("ffplan", "uniform"):
         json.load(open("%s/%s.json" % (d, plan)))["inputs"]["model"]["seq_len"]
     rows[plan] = (measured, before, after, tokens / measured)
 print()
-print("| plan | measured s/step (median of 3 rounds) | tokens/s | predicted (profile) | predicted (after one calibration) | error after |")
+print("| plan | measured s/step (median of %d rounds) |" % rounds + " tokens/s | predicted (profile) | predicted (after one calibration) | error after |")
 print("|---|---:|---:|---:|---:|---:|")
 for plan, (m, b, a, tps) in rows.items():
     name = "ffplan plan" if plan == "ffplan" else "--baseline uniform"

@@ -375,9 +375,27 @@ int ff_profile(int argc, char **argv, const ff_train_opts *o, const char *out, c
   const ff_kernels *k = ff_kernels_cpu(1);
   if (rank == 0 && !o->quiet)
     fprintf(stderr, "ffrun profile: %d ranks: compute%s\n", size, mp ? " and layers" : "");
-  measure_compute(&me, k, mp);
-  if (mp)
-    measure_layer(&me, k, mp);
+  /* Ranks of one host share its processor: they measure one after another, so that each sees
+   * the cores it would have alone (GPUs of one host do not share, but a turn each costs little). */
+  c->allgather(world, &me, all, sizeof me);
+  int turn = 0, turns = 0;
+  for (int r = 0; r < size; r++)
+    if (strcmp(all[r].host, me.host) == 0) {
+      turns++;
+      if (r < rank)
+        turn++;
+    }
+  float most_turns = (float)turns; /* the busiest host's count: every rank loops as long */
+  c->allreduce_max(world, &most_turns, 1);
+  for (int t = 0; t < (int)most_turns; t++) {
+    if (t == turn) {
+      measure_compute(&me, k, mp);
+      if (mp)
+        measure_layer(&me, k, mp);
+    }
+    float done = 0;
+    c->allreduce_max(world, &done, 1); /* the turn's end */
+  }
   c->allgather(world, &me, all, sizeof me);
   double net_gbs = 0, net_us = 0;
   if (rank == 0 && !o->quiet)

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -502,9 +503,16 @@ static double train_step(dist *d, int64_t step, float *buf, double *norm_out, do
     fprintf(stderr, "ffrun: step %lld: the gradient of %s is not finite on rank %d (pipeline %d, "
             "stage %d)\n", (long long)step, mine, d->rank, d->p, d->s);
   sums[2] = mine ? 1 : 0;
+  /* The loss and the bad-rank count are summed first: this collective is where a rank waits for
+   * the slowest pipeline, and that wait is the step's bubble, not DP communication (the cost
+   * model keeps the two apart, and so must the metrics it is calibrated from). */
+  double both[2] = {sums[0], sums[2]};
+  d->c->allreduce_sum_f64(d->world, both, 2);
+  sums[0] = both[0];
+  sums[2] = both[1];
   double t0 = now();
   sums[1] = sync_gradients(d, buf);
-  d->c->allreduce_sum_f64(d->world, sums, 3);
+  d->c->allreduce_sum_f64(d->world, &sums[1], 1);
   d->t_dp = now() - t0;
   *bad = (int)sums[2];
   *lr_out = ff_learning_rate(t, step, t->steps);
@@ -762,8 +770,13 @@ static void write_stages(dist *d, const double *all) {
 static void report(dist *d, int64_t step, double loss, double norm, double lr, double seconds) {
   ff_kernel_memory mem;
   d->k->memory(&mem);
+  /* what the device holds: on a GPU the whole device's use, on the CPU this process's peak */
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  double device_gib = mem.device_used_bytes > 0 ? (double)mem.device_used_bytes / FF_GIB
+                                                : (double)ru.ru_maxrss * 1024.0 / FF_GIB;
   double mine[T_KINDS] = {d->t_compute, d->t_p2p, d->t_tp, d->t_dp, d->t_opt, seconds,
-                          (double)mem.peak_bytes / FF_GIB, (double)mem.device_used_bytes / FF_GIB};
+                          (double)mem.peak_bytes / FF_GIB, device_gib};
   double *all = malloc((size_t)d->plan->n_ranks * sizeof mine);
   if (!all)
     d->c->abort(1);

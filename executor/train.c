@@ -169,7 +169,8 @@ static void report(run *r, int64_t step, double loss, double norm, double lr, do
             (long long)step, loss, lr, norm, seconds, tokens / seconds, flops,
             flops / r->peak_flops, compute_s, seconds - compute_s, step_matmul_s, step_attention_s,
             peak_memory_gib(),
-            (double)mem.peak_bytes / FF_GIB, (double)mem.device_used_bytes / FF_GIB,
+            (double)mem.peak_bytes / FF_GIB,
+            mem.device_used_bytes > 0 ? (double)mem.device_used_bytes / FF_GIB : peak_memory_gib(),
             r->predicted_seconds, r->predicted_memory_gib);
     fflush(r->metrics);
   }

@@ -5,9 +5,10 @@
  * first step is left out as warm-up). The plan is evaluated against C, and two kinds of factor are
  * fitted: per device type, measured compute over predicted compute (its GEMM figures, measured
  * layer times and peaks are scaled by it), and for the links, measured over predicted
- * communication of the stage that waited least (every link's latency and bandwidth are scaled). C2 is written with the device types inline;
- * the prediction error of each term is printed before and after. Memory is not fitted: the
- * metrics of a distributed run carry no per-rank memory yet. */
+ * communication per node and for the network (see fit()). Each term is the median over the
+ * steps. Memory: each device type's runtime reserve absorbs the difference between the memory the
+ * ranks held and the prediction. C2 is written with the device types inline;
+ * the prediction error of each term is printed before and after. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,13 +17,16 @@
 #include "ff_cost.h"
 #include "ffplan_cmds.h"
 
-enum { TERM_COMPUTE, TERM_TP, TERM_P2P, TERM_DP, TERM_COUNT };
+/* Time terms (seconds per step), then the rank's memory (GiB; the peak over the steps, and only
+ * where the metrics carry it). */
+enum { TERM_COMPUTE, TERM_TP, TERM_P2P, TERM_DP, TERM_MEMORY, TERM_COUNT };
 static const char *const term_keys[TERM_COUNT] = {"compute_seconds", "tp_seconds", "p2p_seconds",
-                                                  "dp_seconds"};
+                                                  "dp_seconds", "memory_gib"};
 
 typedef struct measured {
-  double *stage;    /* [stage index over the plan][TERM_COUNT], averaged over steps */
-  double iteration; /* average step seconds */
+  double *stage;    /* [stage index over the plan][TERM_COUNT], median over steps */
+  double iteration; /* median step seconds */
+  bool have_memory; /* every line gave each stage's memory */
   int steps;
 } measured;
 
@@ -33,6 +37,21 @@ static int stage_count(const ff_plan *p) {
   return n;
 }
 
+static int compare_doubles(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Median of column `col` of rows × width values (sorted in a scratch copy). */
+static double column_median(const double *values, int rows, int width, int col, double *scratch) {
+  for (int r = 0; r < rows; r++)
+    scratch[r] = values[(size_t)r * width + col];
+  qsort(scratch, (size_t)rows, sizeof *scratch, compare_doubles);
+  return rows % 2 ? scratch[rows / 2] : 0.5 * (scratch[rows / 2 - 1] + scratch[rows / 2]);
+}
+
+/* Per stage and term, and for the step, the median over the steps after the first: one slow
+ * step (a page fault, a neighbour on the machine) must not move the fitted factors. */
 static ff_status read_metrics(const char *file, const ff_plan *plan, measured *m) {
   ff_diag d;
   ff_diag_init(&d, file);
@@ -43,8 +62,10 @@ static ff_status read_metrics(const char *file, const ff_plan *plan, measured *m
   ff_diag_free(&d);
   if (st != FF_OK)
     return st;
-  int n = stage_count(plan);
+  int n = stage_count(plan), width = n * TERM_COUNT + 1, cap = 0;
+  double *rows = NULL;
   m->stage = calloc((size_t)n * TERM_COUNT, sizeof *m->stage);
+  m->have_memory = true;
   m->steps = 0;
   m->iteration = 0;
   int line_no = 0;
@@ -57,14 +78,33 @@ static ff_status read_metrics(const char *file, const ff_plan *plan, measured *m
               "(with %d stages)\n", file, line_no, n);
       cJSON_Delete(o);
       free(text);
+      free(rows);
       return FF_ERR_INPUT;
     }
     if (line_no > 1) { /* the first step warms up caches and the allocator */
+      if (m->steps == cap) {
+        cap = cap ? 2 * cap : 64;
+        double *grown = realloc(rows, (size_t)cap * width * sizeof *rows);
+        if (!grown) {
+          cJSON_Delete(o);
+          break;
+        }
+        rows = grown;
+      }
+      double *row = rows + (size_t)m->steps * width;
       int i = 0;
       for (const cJSON *s = stages->child; s; s = s->next, i++)
-        for (int t = 0; t < TERM_COUNT; t++)
-          m->stage[i * TERM_COUNT + t] += cJSON_GetObjectItem(s, term_keys[t])->valuedouble;
-      m->iteration += cJSON_GetObjectItem(o, "step_seconds")->valuedouble;
+        for (int t = 0; t < TERM_COUNT; t++) {
+          const cJSON *v = cJSON_GetObjectItem(s, term_keys[t]);
+          row[i * TERM_COUNT + t] = cJSON_IsNumber(v) ? v->valuedouble : 0;
+          if (t == TERM_MEMORY) { /* on a GPU, what the device holds, context included */
+            const cJSON *dev = cJSON_GetObjectItem(s, "device_used_gib");
+            if (cJSON_IsNumber(dev) && dev->valuedouble > 0)
+              row[i * TERM_COUNT + t] = dev->valuedouble;
+            m->have_memory &= cJSON_IsNumber(v);
+          }
+        }
+      row[width - 1] = cJSON_GetObjectItem(o, "step_seconds")->valuedouble;
       m->steps++;
     }
     cJSON_Delete(o);
@@ -72,11 +112,23 @@ static ff_status read_metrics(const char *file, const ff_plan *plan, measured *m
   free(text);
   if (m->steps == 0) {
     fprintf(stderr, "%s: needs at least two steps (the first is left out)\n", file);
+    free(rows);
     return FF_ERR_INPUT;
   }
+  double *scratch = malloc((size_t)m->steps * sizeof *scratch);
+  if (!scratch) {
+    free(rows);
+    return FF_ERR_RUNTIME;
+  }
   for (int i = 0; i < n * TERM_COUNT; i++)
-    m->stage[i] /= m->steps;
-  m->iteration /= m->steps;
+    m->stage[i] = column_median(rows, m->steps, width, i, scratch);
+  for (int i = 0; i < n; i++) /* memory: the peak, not the median */
+    for (int r = 0; r < m->steps; r++)
+      if (rows[(size_t)r * width + i * TERM_COUNT + TERM_MEMORY] > m->stage[i * TERM_COUNT + TERM_MEMORY])
+        m->stage[i * TERM_COUNT + TERM_MEMORY] = rows[(size_t)r * width + i * TERM_COUNT + TERM_MEMORY];
+  m->iteration = column_median(rows, m->steps, width, width - 1, scratch);
+  free(scratch);
+  free(rows);
   return FF_OK;
 }
 
@@ -112,6 +164,7 @@ static void predicted_terms(const ff_plan *p, const ff_plan_eval *e, double *out
       out[i * TERM_COUNT + TERM_TP] = mb * re->tp_seconds;
       out[i * TERM_COUNT + TERM_P2P] = mb * (se->send_fwd_seconds + se->send_bwd_seconds);
       out[i * TERM_COUNT + TERM_DP] = se->dp_seconds;
+      out[i * TERM_COUNT + TERM_MEMORY] = re->memory_total_bytes / FF_GIB;
     }
 }
 
@@ -135,40 +188,88 @@ static void scale_link(ff_link *l, double factor) {
   l->latency_us *= factor;
 }
 
-static void scale_links(ff_cluster *c, double factor) {
-  for (int n = 0; n < c->n_nodes; n++) {
-    scale_link(&c->nodes[n].island, factor);
-    scale_link(&c->nodes[n].intra, factor);
-  }
-  scale_link(&c->net_default, factor);
-  for (int g = 0; g < c->n_groups; g++)
-    scale_link(&c->groups[g].link, factor);
-  for (int o = 0; o < c->n_overrides; o++)
-    scale_link(&c->overrides[o].link, factor);
-}
-
 static double clamp_factor(double f) { return isfinite(f) && f > 1e-3 ? (f < 1e3 ? f : 1e3) : 1.0; }
 
-/* Fit: per device type its compute factor; one factor for all communication. A stage's measured
- * communication includes waiting for its partners (skewed TP ranks, the other pipelines at the
- * DP sum), so the stage that waited least — the smallest measured/predicted ratio — stands for
- * the links themselves. */
+/* The node of the first rank of stage s of pipeline q. */
+static int stage_node(const ff_plan *p, int q, int s) { return p->pipelines[q].stages[s].ranks[0].node; }
+
+/* Whether the DP group of stage (q, s) reaches another node: the stages of the other pipelines
+ * holding its first layer have a rank elsewhere. */
+static bool dp_crosses_nodes(const ff_plan *p, int q, int s) {
+  int64_t layer = p->pipelines[q].stages[s].layers.first;
+  int home = stage_node(p, q, s);
+  for (int r = 0; r < p->n_pipelines; r++)
+    for (int t = 0; t < p->pipelines[r].n_stages; t++) {
+      const ff_plan_stage *st = &p->pipelines[r].stages[t];
+      if (layer < st->layers.first || layer >= st->layers.end)
+        continue;
+      for (int k = 0; k < st->n_ranks; k++)
+        if (st->ranks[k].node != home)
+          return true;
+    }
+  return false;
+}
+
+/* Memory: per device type, the runtime reserve moves by the median over its stages of measured
+ * minus predicted memory (never below zero), so the prediction meets what the ranks held — the
+ * backend's allocations, or on a GPU all the device held, its context included. */
+static void fit_reserves(const ff_plan *p, const measured *m, const double *pred, ff_cluster *c) {
+  int n = stage_count(p);
+  double *gap = malloc((size_t)n * sizeof *gap);
+  if (!gap)
+    return;
+  for (int d = 0; d < c->n_devices; d++) {
+    int k = 0, i = 0;
+    for (int q = 0; q < p->n_pipelines; q++)
+      for (int s = 0; s < p->pipelines[q].n_stages; s++, i++)
+        if (p->pipelines[q].stages[s].ranks[0].device == d)
+          gap[k++] = m->stage[i * TERM_COUNT + TERM_MEMORY] - pred[i * TERM_COUNT + TERM_MEMORY];
+    if (k == 0)
+      continue;
+    qsort(gap, (size_t)k, sizeof *gap, compare_doubles);
+    double median = k % 2 ? gap[k / 2] : 0.5 * (gap[k / 2 - 1] + gap[k / 2]);
+    double was = c->devices[d].runtime_reserve_gib, now = was + median > 0 ? was + median : 0;
+    printf("  device %-24s runtime reserve %.3f -> %.3f GiB\n", c->devices[d].name, was, now);
+    c->devices[d].runtime_reserve_gib = now;
+  }
+  free(gap);
+}
+
+/* Keep the smallest measured/predicted ratio seen for a link class. */
+static void candidate(double *best, double measured_s, double predicted_s) {
+  if (predicted_s > 1e-12 && measured_s > 0 && measured_s / predicted_s < *best)
+    *best = measured_s / predicted_s;
+}
+
+/* Fit: per device type its compute factor; for the links, one factor per node (its island and
+ * intra-node links, from the TP, DP and p2p terms that stay on it) and one for the network (from
+ * the DP and p2p terms that leave a node). A stage's measured communication includes waiting for
+ * its partners (skewed TP ranks, a neighbour stage), so each class takes the stage that waited
+ * least — the smallest measured/predicted ratio — as the links' own. A class nothing measured
+ * takes the smallest ratio over all communication. */
 static void fit(const ff_plan *p, const measured *m, const double *pred, ff_cluster *c) {
   int i = 0;
   double *num = calloc((size_t)c->n_devices, sizeof *num), *den = calloc((size_t)c->n_devices, sizeof *den);
-  double comm = INFINITY;
+  double *node = malloc((size_t)c->n_nodes * sizeof *node);
+  if (!num || !den || !node) {
+    free(num), free(den), free(node);
+    return;
+  }
+  for (int n = 0; n < c->n_nodes; n++)
+    node[n] = INFINITY;
+  double net = INFINITY, any = INFINITY;
   for (int q = 0; q < p->n_pipelines; q++)
     for (int s = 0; s < p->pipelines[q].n_stages; s++, i++) {
-      int dev = p->pipelines[q].stages[s].ranks[0].device;
-      num[dev] += m->stage[i * TERM_COUNT + TERM_COMPUTE];
-      den[dev] += pred[i * TERM_COUNT + TERM_COMPUTE];
-      double mc = 0, pc = 0;
-      for (int t = TERM_TP; t < TERM_COUNT; t++) {
-        mc += m->stage[i * TERM_COUNT + t];
-        pc += pred[i * TERM_COUNT + t];
-      }
-      if (pc > 0 && mc / pc < comm)
-        comm = mc / pc;
+      const double *ms = m->stage + i * TERM_COUNT, *ps = pred + i * TERM_COUNT;
+      int dev = p->pipelines[q].stages[s].ranks[0].device, home = stage_node(p, q, s);
+      num[dev] += ms[TERM_COMPUTE];
+      den[dev] += ps[TERM_COMPUTE];
+      candidate(&node[home], ms[TERM_TP], ps[TERM_TP]);
+      candidate(dp_crosses_nodes(p, q, s) ? &net : &node[home], ms[TERM_DP], ps[TERM_DP]);
+      bool p2p_leaves = s + 1 < p->pipelines[q].n_stages && stage_node(p, q, s + 1) != home;
+      candidate(p2p_leaves ? &net : &node[home], ms[TERM_P2P], ps[TERM_P2P]);
+      for (int t = TERM_TP; t <= TERM_DP; t++)
+        candidate(&any, ms[t], ps[t]);
     }
   for (int d = 0; d < c->n_devices; d++)
     if (den[d] > 0) {
@@ -176,12 +277,28 @@ static void fit(const ff_plan *p, const measured *m, const double *pred, ff_clus
       printf("  device %-24s compute x%.3f\n", c->devices[d].name, f);
       scale_device(&c->devices[d], f);
     }
-  if (isfinite(comm)) {
-    double f = clamp_factor(comm);
-    printf("  links                           communication x%.3f\n", f);
-    scale_links(c, f);
+  if (isfinite(any)) {
+    for (int n = 0; n < c->n_nodes; n++) {
+      double f = clamp_factor(isfinite(node[n]) ? node[n] : any);
+      printf("  node %-26s communication x%.3f%s\n", c->nodes[n].name, f,
+             isfinite(node[n]) ? "" : " (nothing measured on it: the smallest ratio)");
+      scale_link(&c->nodes[n].island, f);
+      scale_link(&c->nodes[n].intra, f);
+    }
+    double f = clamp_factor(isfinite(net) ? net : any);
+    printf("  network                         communication x%.3f%s\n", f,
+           isfinite(net) ? "" : " (nothing measured crosses nodes: the smallest ratio)");
+    scale_link(&c->net_default, f);
+    for (int g = 0; g < c->n_groups; g++)
+      scale_link(&c->groups[g].link, f);
+    for (int o = 0; o < c->n_overrides; o++)
+      scale_link(&c->overrides[o].link, f);
   }
-  free(num), free(den);
+  if (m->have_memory)
+    fit_reserves(p, m, pred, c);
+  else
+    printf("  memory                          not fitted: the metrics carry no per-stage memory\n");
+  free(num), free(den), free(node);
 }
 
 static void print_errors(const ff_plan *p, const measured *m, const double *before,
@@ -196,8 +313,13 @@ static void print_errors(const ff_plan *p, const measured *m, const double *befo
         if (x == 0 && b == 0)
           continue;
         char name[64];
-        snprintf(name, sizeof name, "pipeline %d stage %d %.*s", q, s,
-                 (int)(strlen(term_keys[t]) - 8), term_keys[t]);
+        if (t == TERM_MEMORY && !m->have_memory)
+          continue;
+        snprintf(name, sizeof name, "pipeline %d stage %d %s", q, s,
+                 t == TERM_MEMORY ? "memory (GiB)" : "");
+        if (t != TERM_MEMORY) /* "compute_seconds" -> "compute" */
+          snprintf(name + strlen(name), sizeof name - strlen(name), "%.*s",
+                   (int)(strlen(term_keys[t]) - 8), term_keys[t]);
         printf("%-34s %12.6f %12.6f %12.6f %8.1f%% %8.1f%%\n", name, x, b, a,
                x > 0 ? 100 * (b - x) / x : 0, x > 0 ? 100 * (a - x) / x : 0);
       }

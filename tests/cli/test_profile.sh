@@ -5,7 +5,7 @@
 #    type; a second profile has the same device types and nodes (its timings differ from run to
 #    run and are not compared: bench/bench_hetero.sh measures them);
 #  * `ffplan calibrate` on metrics synthesised from a cluster with known factors (compute 2x
-#    slower, links 3x slower) recovers those factors.
+#    slower, links 3x slower, 0.5 GiB more memory held) recovers those factors.
 set -u
 ffplan=$1
 ffrun=$2
@@ -87,7 +87,9 @@ for p, pe in zip(plan["pipelines"], sim["pipelines"]):
         stages.append({"compute_seconds": mb * (r["forward_seconds"] + r["backward_seconds"] - r["tp_seconds"]),
                        "tp_seconds": mb * r["tp_seconds"],
                        "p2p_seconds": mb * (se["send_forward_seconds"] + se["send_backward_seconds"]),
-                       "dp_seconds": se["dp_seconds"], "bubble_seconds": 0})
+                       "dp_seconds": se["dp_seconds"], "bubble_seconds": 0,
+                       # the ranks held 0.5 GiB more than the slowed cluster predicts
+                       "memory_gib": r["memory_gib"]["total"] + 0.5})
 with open(d + "/metrics.jsonl", "w") as f:
     for step in (1, 2):
         f.write(json.dumps({"step": step, "step_seconds": sim["iteration_seconds"], "stages": stages}) + "\n")
@@ -99,6 +101,14 @@ checks=$((checks + 1))
 grep -q "compute x2.000" "$tmp/cal.txt" || { fail "calibrate did not recover the compute factor 2"; cat "$tmp/cal.txt"; }
 checks=$((checks + 1))
 grep -q "communication x3.000" "$tmp/cal.txt" || { fail "calibrate did not recover the link factor 3"; cat "$tmp/cal.txt"; }
+checks=$((checks + 1))
+python3 - "$tmp/cal.txt" "$tmp/base.json" <<'PY' || { fail "calibrate did not move the runtime reserve by 0.5 GiB"; cat "$tmp/cal.txt"; }
+import json, re, sys
+base = json.load(open(sys.argv[2]))["device_types"][0]["runtime_reserve_gib"]
+moves = re.findall(r"runtime reserve ([0-9.]+) -> ([0-9.]+) GiB", open(sys.argv[1]).read())
+sys.exit(0 if moves and all(abs(float(b) - float(a) - 0.5) < 2e-3 and abs(float(a) - base) < 1e-9
+                            for a, b in moves) else 1)
+PY
 checks=$((checks + 1))
 python3 - "$tmp" <<'PY' || fail "the fitted cluster is not the slowed one"
 import json, sys

@@ -33,6 +33,7 @@ static void usage(FILE *out) {
           "                                       train a plan of N ranks\n"
           "       ffrun --dry-run PLAN                                 print each rank's role\n"
           "       mpirun -np N ffrun profile -o CLUSTER [--model M] [--throttle R=F,...]\n"
+          "                                       [--backend auto|cpu]\n"
           "                                       measure the machines into a cluster profile\n"
           "       mpirun -np N ffrun --dry-run PLAN\n"
           "\n"
@@ -440,10 +441,18 @@ static int profile_main(int argc, char **argv) {
   ff_train_opts o;
   memset(&o, 0, sizeof o);
   const char *out = NULL, *model = NULL;
+  bool use_gpu = true;
   for (int i = 2; i < argc; i++) {
     const char *v;
     if (strcmp(argv[i], "-o") == 0 && (v = value(argc, argv, &i)))
       out = v;
+    else if (strcmp(argv[i], "--backend") == 0 && (v = value(argc, argv, &i))) {
+      if (strcmp(v, "auto") && strcmp(v, "cpu")) {
+        fprintf(stderr, "ffrun profile: --backend \"%s\" is not one of: auto, cpu\n", v);
+        return FF_ERR_INPUT;
+      }
+      use_gpu = strcmp(v, "auto") == 0;
+    }
     else if (strcmp(argv[i], "--model") == 0 && (v = value(argc, argv, &i)))
       model = v;
     else if (strcmp(argv[i], "--throttle") == 0 && (v = value(argc, argv, &i))) {
@@ -453,7 +462,7 @@ static int profile_main(int argc, char **argv) {
       o.quiet = true;
     else {
       fprintf(stderr, "ffrun profile: unexpected argument \"%s\" (usage: ffrun profile -o FILE "
-              "[--model M] [--throttle R=F,...])\n", argv[i]);
+              "[--model M] [--throttle R=F,...] [--backend auto|cpu])\n", argv[i]);
       return FF_ERR_INPUT;
     }
   }
@@ -461,7 +470,7 @@ static int profile_main(int argc, char **argv) {
     fprintf(stderr, "ffrun profile: -o FILE is required\n");
     return FF_ERR_INPUT;
   }
-  return ff_profile(argc, argv, &o, out, model);
+  return ff_profile(argc, argv, &o, out, model, use_gpu);
 }
 
 int main(int argc, char **argv) {

@@ -1,7 +1,8 @@
 /* profile.c — `ffrun profile -o cluster.json [--model M] [--throttle R=F,...]`: measure the
  * machines a job runs on and write them as an ff-cluster/1 profile that ffplan reads.
  *
- * Every rank identifies its host and processor, measures GEMM throughput (the shapes of the
+ * Every rank identifies its host and processor (and its GPU, measuring on the CUDA backend where
+ * one answers and --backend allows), measures GEMM throughput (the shapes of the
  * model's layers with --model, else a standard set), memory bandwidth and, with --model, the
  * forward and backward time of one layer; ranks of one host measure the link between them, and
  * host leaders the links between hosts (a round-robin tournament: n − 1 rounds of disjoint
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "ff_gpu.h"
 #include "ff_json.h"
 #include "model.h"
 #include "train.h"
@@ -29,10 +31,13 @@
 
 typedef struct measure {
   char host[64], cpu[64];
+  char gpu[96];     /* the GPU this rank measured on; empty: the CPU backend */
+  double gpu_mem_gib;
   double mem_gib, slowdown, bandwidth_gbs;
   int n_gemm;
   int64_t gemm_shape[N_GEMM][3];
   double gemm_tflops[N_GEMM];
+  char gemm_dtype[N_GEMM][8]; /* "fp32", or "bf16" for tensor-core matmuls on a GPU */
   double layer_fwd_ms[N_LAYER], layer_bwd_ms[N_LAYER]; /* micro-batch 1 and 2 */
   double link_gbs, link_us;                            /* to this rank's partner, if any */
 } measure;
@@ -71,14 +76,17 @@ static void read_identity(measure *m) {
     fclose(f);
 }
 
-/* Seconds per call of fn, repeated until 50 ms have passed (at least twice), times slowdown. */
-#define TIME_IT(slowdown, call)                                                                  \
+/* Seconds per call of fn on backend k (its work waited for), repeated until 50 ms have passed
+ * (at least twice), times slowdown. */
+#define TIME_IT(k, slowdown, call)                                                               \
   ({                                                                                             \
     call;                                                                                        \
+    (k)->sync();                                                                                 \
     int reps_ = 0;                                                                               \
     double t0_ = now(), t_;                                                                      \
     do {                                                                                         \
       call;                                                                                      \
+      (k)->sync();                                                                               \
       reps_++;                                                                                   \
       t_ = now() - t0_;                                                                          \
     } while (t_ < 0.05 || reps_ < 2);                                                            \
@@ -102,19 +110,29 @@ static void measure_compute(measure *m, const ff_kernels *k, const ff_model *mod
       most = need;
   }
   float *buf = k->alloc(most * sizeof(float));
-  for (int i = 0; i < n && buf; i++) {
-    int M = (int)shapes[i][0], N = (int)shapes[i][1], K = (int)shapes[i][2];
-    float *a = buf, *w = a + (size_t)M * K, *c = w + (size_t)N * K;
-    double t = TIME_IT(m->slowdown, k->matmul_fwd(c, a, w, M, K, N));
-    memcpy(m->gemm_shape[i], shapes[i], sizeof shapes[i]);
-    m->gemm_tflops[i] = 2.0 * M * N * K / t / 1e12;
+  /* a GPU measures its matmuls in fp32 and on bf16 tensor cores; a CPU in fp32 */
+  int passes = m->gpu[0] ? 2 : 1;
+  m->n_gemm = 0;
+  for (int pass = 0; pass < passes && buf; pass++) {
+    if (m->gpu[0]) {
+      char why[256];
+      k = ff_kernels_cuda(0, pass == 0 ? FF_MATH_FP32 : FF_MATH_BF16, NULL, why, sizeof why);
+    }
+    for (int i = 0; i < n; i++) {
+      int M = (int)shapes[i][0], N = (int)shapes[i][1], K = (int)shapes[i][2];
+      float *a = buf, *w = a + (size_t)M * K, *c = w + (size_t)N * K;
+      double t = TIME_IT(k, m->slowdown, k->matmul_fwd(c, a, w, M, K, N));
+      int g = m->n_gemm++;
+      memcpy(m->gemm_shape[g], shapes[i], sizeof shapes[i]);
+      m->gemm_tflops[g] = 2.0 * M * N * K / t / 1e12;
+      snprintf(m->gemm_dtype[g], sizeof m->gemm_dtype[g], "%s", pass == 1 ? "bf16" : "fp32");
+    }
   }
-  m->n_gemm = buf ? n : 0;
   k->release(buf);
   int64_t len = 16 << 20;
   float *x = k->alloc((size_t)len * 3 * sizeof(float));
   if (x) {
-    double t = TIME_IT(m->slowdown, k->add(x, x + len, x + 2 * len, len));
+    double t = TIME_IT(k, m->slowdown, k->add(x, x + len, x + 2 * len, len));
     m->bandwidth_gbs = 3.0 * 4.0 * (double)len / t / 1e9;
     k->release(x);
   }
@@ -134,8 +152,10 @@ static void measure_layer(measure *m, const ff_kernels *k, const ff_model *model
     for (int64_t i = 0; x && i < nc; i++)
       x[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
     if (x) {
-      m->layer_fwd_ms[b - 1] = 1e3 * TIME_IT(m->slowdown, ff_model_rank_forward(&mr, 0, b, NULL, x, NULL, 1, x + nc, NULL));
-      m->layer_bwd_ms[b - 1] = 1e3 * TIME_IT(m->slowdown, ff_model_rank_backward(&mr, 0, b, x, x + nc));
+      m->layer_fwd_ms[b - 1] =
+          1e3 * TIME_IT(k, m->slowdown, ff_model_rank_forward(&mr, 0, b, NULL, x, NULL, 1, x + nc, NULL));
+      m->layer_bwd_ms[b - 1] =
+          1e3 * TIME_IT(k, m->slowdown, ff_model_rank_backward(&mr, 0, b, x, x + nc));
     }
     free(x);
     ff_model_rank_free(&mr);
@@ -254,15 +274,19 @@ static cJSON *build_cluster(const measure *all, int size, const ff_model *model,
       continue;
     int members[4096], n = 0;
     for (int q = r; q < size && n < 4096; q++)
-      if (!done[q] && strcmp(all[q].host, all[r].host) == 0 && all[q].slowdown == all[r].slowdown) {
+      if (!done[q] && strcmp(all[q].host, all[r].host) == 0 && all[q].slowdown == all[r].slowdown &&
+          strcmp(all[q].gpu, all[r].gpu) == 0) {
         members[n++] = q;
         done[q] = true;
       }
-    char host[64], name[65], node[65];
+    char host[64], name[65], node[65], gpu[64];
+    bool on_gpu = all[r].gpu[0] != '\0';
     slug(all[r].host, host, sizeof host);
-    snprintf(name, sizeof name, "cpu-%s%s", host, "");
+    slug(all[r].gpu, gpu, sizeof gpu);
+    snprintf(name, sizeof name, "%s%s", on_gpu ? "" : "cpu-", on_gpu ? gpu : host);
     if (all[r].slowdown > 1)
-      snprintf(name, sizeof name, "cpu-%s-x%g", host, all[r].slowdown);
+      snprintf(name, sizeof name, "%s%s-x%g", on_gpu ? "" : "cpu-", on_gpu ? gpu : host,
+               all[r].slowdown);
     snprintf(node, sizeof node, "%s%s", host, "");
     if (all[r].slowdown > 1)
       snprintf(node, sizeof node, "%s-x%g", host, all[r].slowdown);
@@ -275,23 +299,34 @@ static cJSON *build_cluster(const measure *all, int size, const ff_model *model,
     int on_host = 0; /* ranks sharing the host's memory */
     for (int q = 0; q < size; q++)
       on_host += strcmp(all[q].host, all[r].host) == 0;
-    double v[4096], best = 0, mem = INFINITY;
+    double v[4096], best32 = 0, best16 = 0, mem = INFINITY;
     for (int i = 0; i < n; i++) {
-      v[i] = all[members[i]].bandwidth_gbs;
-      mem = fmin(mem, all[members[i]].mem_gib / on_host);
-      for (int g = 0; g < all[members[i]].n_gemm; g++)
-        best = fmax(best, all[members[i]].gemm_tflops[g]);
+      const measure *x = &all[members[i]];
+      v[i] = x->bandwidth_gbs;
+      mem = fmin(mem, on_gpu ? x->gpu_mem_gib : x->mem_gib / on_host);
+      for (int g = 0; g < x->n_gemm; g++) {
+        if (strcmp(x->gemm_dtype[g], "bf16") == 0)
+          best16 = fmax(best16, x->gemm_tflops[g]);
+        else
+          best32 = fmax(best32, x->gemm_tflops[g]);
+      }
     }
     cJSON *d = cJSON_CreateObject();
     cJSON_AddStringToObject(d, "name", name);
-    cJSON_AddStringToObject(d, "architecture", all[r].cpu);
+    cJSON_AddStringToObject(d, "architecture", on_gpu ? all[r].gpu : all[r].cpu);
     cJSON_AddNumberToObject(d, "memory_gib", floor(mem * 100) / 100);
     cJSON_AddNumberToObject(d, "memory_bandwidth_gb_per_s", median(v, n));
     cJSON *peak = cJSON_AddObjectToObject(d, "peak_tflops");
-    cJSON_AddNumberToObject(peak, "fp16", best);
-    cJSON_AddNumberToObject(peak, "fp32", best);
-    cJSON_AddNumberToObject(d, "runtime_reserve_gib", 0.25);
-    cJSON_AddStringToObject(d, "source", "measured by ffrun profile (peaks: the best measured fp32 GEMM of one core)");
+    if (on_gpu)
+      cJSON_AddNumberToObject(peak, "bf16", best16);
+    cJSON_AddNumberToObject(peak, "fp16", on_gpu ? best16 : best32);
+    cJSON_AddNumberToObject(peak, "fp32", best32);
+    /* a GPU's context and cuBLAS workspace; calibrate refits it from a run */
+    cJSON_AddNumberToObject(d, "runtime_reserve_gib", on_gpu ? 1.0 : 0.25);
+    cJSON_AddStringToObject(d, "source", on_gpu ? "measured by ffrun profile on the CUDA backend "
+                            "(peaks: the best measured GEMM, fp32 and bf16 tensor cores; fp16 "
+                            "taken as bf16)" : "measured by ffrun profile (peaks: the best "
+                            "measured fp32 GEMM of one core)");
     if (all[r].slowdown > 1)
       cJSON_AddNumberToObject(d, "emulated_slowdown", all[r].slowdown);
     cJSON *meas = cJSON_AddObjectToObject(d, "measured");
@@ -300,7 +335,7 @@ static cJSON *build_cluster(const measure *all, int size, const ff_model *model,
       for (int i = 0; i < n; i++)
         v[i] = all[members[i]].gemm_tflops[g];
       cJSON *e = cJSON_CreateObject();
-      cJSON_AddStringToObject(e, "dtype", "fp32");
+      cJSON_AddStringToObject(e, "dtype", all[r].gemm_dtype[g]);
       cJSON_AddNumberToObject(e, "m", (double)all[r].gemm_shape[g][0]);
       cJSON_AddNumberToObject(e, "n", (double)all[r].gemm_shape[g][1]);
       cJSON_AddNumberToObject(e, "k", (double)all[r].gemm_shape[g][2]);
@@ -314,7 +349,7 @@ static cJSON *build_cluster(const measure *all, int size, const ff_model *model,
         f[i] = all[members[i]].layer_fwd_ms[b], g[i] = all[members[i]].layer_bwd_ms[b];
       cJSON *e = cJSON_CreateObject();
       cJSON_AddStringToObject(e, "model", model->name);
-      cJSON_AddStringToObject(e, "precision", "fp32");
+      cJSON_AddStringToObject(e, "precision", on_gpu ? "bf16" : "fp32");
       cJSON_AddNumberToObject(e, "micro_batch_size", b + 1);
       cJSON_AddNumberToObject(e, "tp", 1);
       cJSON_AddNumberToObject(e, "forward_ms", median(f, n));
@@ -350,7 +385,8 @@ static cJSON *build_cluster(const measure *all, int size, const ff_model *model,
   return c;
 }
 
-int ff_profile(int argc, char **argv, const ff_train_opts *o, const char *out, const char *model_file) {
+int ff_profile(int argc, char **argv, const ff_train_opts *o, const char *out, const char *model_file,
+               bool use_gpu) {
   MPI_Init(&argc, &argv);
   const ff_comm_backend *c = ff_comm_mpi();
   ff_group *world = c->world();
@@ -385,6 +421,21 @@ int ff_profile(int argc, char **argv, const ff_train_opts *o, const char *out, c
       if (r < rank)
         turn++;
     }
+  /* the GPU of this rank: its turn on the host, folded onto the GPUs there */
+  int gpus = use_gpu ? ff_gpu_count(NULL) : 0;
+  if (gpus > 0) {
+    char why[256];
+    ff_gpu_info info;
+    const ff_kernels *g = ff_kernels_cuda(turn % gpus, FF_MATH_FP32, NULL, why, sizeof why);
+    if (g && ff_gpu_query(turn % gpus, &info) == 0) {
+      k = g;
+      snprintf(me.gpu, sizeof me.gpu, "%s", info.name);
+      me.gpu_mem_gib = info.memory_gib;
+    } else if (!o->quiet) {
+      fprintf(stderr, "ffrun profile: rank %d: the CUDA backend cannot start (%s); measuring the "
+              "CPU\n", rank, g ? "the GPU cannot be queried" : why);
+    }
+  }
   float most_turns = (float)turns; /* the busiest host's count: every rank loops as long */
   c->allreduce_max(world, &most_turns, 1);
   for (int t = 0; t < (int)most_turns; t++) {

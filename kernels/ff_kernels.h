@@ -131,10 +131,15 @@ const ff_kernels *ff_kernels_cpu(int threads);
 
 /* The CUDA backend on GPU `device` of this process, or NULL with the reason in why (when the
  * build has no CUDA, no GPU answers, or the device cannot be set up). One per process: a second
- * call returns the same table. A failed CUDA call later prints what failed and where, then calls
- * on_fatal(1) (which must not return; NULL: exit(1)). */
+ * call returns the same table (on the first call's device) with the new math for the matmuls
+ * that follow. A failed CUDA call later prints what failed and where, then calls on_fatal(1)
+ * (which must not return; NULL: exit(1)). */
 const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math, void (*on_fatal)(int status),
                                   char *why, size_t why_cap);
+
+/* The CUDA backend's stream (a cudaStream_t) once ff_kernels_cuda has succeeded, else NULL: what
+ * a communication backend orders its device collectives on. */
+void *ff_kernels_cuda_stream(void);
 
 #ifdef __cplusplus
 }

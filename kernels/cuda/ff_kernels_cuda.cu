@@ -72,6 +72,8 @@ static struct cuda_backend {
 
 cudaStream_t ff_cuda_stream(void) { return g.stream; }
 
+extern "C" void *ff_kernels_cuda_stream(void) { return g.ready ? (void *)g.stream : NULL; }
+
 void ff_cuda_fatal(const char *file, int line, const char *call, const char *message) {
   const char *base = strrchr(file, '/');
   fprintf(stderr, "cuda backend: %s failed (%s:%d): %s\n", call, base ? base + 1 : file, line,
@@ -654,7 +656,20 @@ static bool setup_failed(cudaError_t err, const char *what, char *why, size_t wh
 extern "C" const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math,
                                              void (*on_fatal)(int status), char *why,
                                              size_t why_cap) {
-  if (g.ready) return &cuda_kernels;
+  if (g.ready) { /* the same backend; a new math forgets the matmul plans made for the old one */
+    if (math != g.math) {
+      for (int i = 0; i < g.n_gemm; i++) {
+        cublasLtMatrixLayoutDestroy(g.gemm[i].a);
+        cublasLtMatrixLayoutDestroy(g.gemm[i].b);
+        cublasLtMatrixLayoutDestroy(g.gemm[i].c);
+        cublasLtMatmulDescDestroy(g.gemm[i].op);
+      }
+      memset(g.gemm, 0, sizeof g.gemm);
+      g.n_gemm = 0;
+      g.math = math;
+    }
+    return &cuda_kernels;
+  }
   int count = 0;
   if (setup_failed(cudaGetDeviceCount(&count), "cudaGetDeviceCount", why, why_cap)) return NULL;
   if (device < 0 || device >= count) {

@@ -8,7 +8,9 @@
 #   2. 20 training steps of the tiny model on the GPU against the CPU backend, fp32 and bf16;
 #   3. a 4-rank plan (DP + PP + uneven TP with a shared kv head) on the one GPU under mpirun,
 #      against the one-rank GPU run of the same model;
-#   4. the ~1B Llama on one GPU: tokens/s, MFU against 989 TFLOP/s, backend memory;
+#   4. the ~1B Llama on one GPU: tokens/s, MFU against 989 TFLOP/s, the step split into matmul,
+#      attention and the rest, backend memory;
+#   5. `ffrun profile` on the GPU, a plan on that profile, one run of it, `ffplan calibrate`;
 # and prints a summary table last (also written to $OUT/summary.md when OUT is set).
 # Exit status: the number of failed parts (0 = all passed).
 set -uo pipefail
@@ -50,7 +52,7 @@ if ! { [ -d build-device/meson-info ] || meson setup build-device -Dcuda=enabled
   printf '%s\n' "| part | result | detail |" "|---|---|---|" "${rows[@]}"
   exit 1
 fi
-row build pass "build-device/, $(grep -c 'Compiling Cuda' "$out/build.log") CUDA files"
+row build pass "build-device/ (CUDA backend enabled)"
 ffrun=build-device/executor/ffrun
 ffplan=build-device/planner/ffplan
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/gpu.txt" 2>&1
@@ -139,6 +141,22 @@ print("median of %d steps: %.3f s/step, %.0f tokens/s, MFU %.1f %% (989 TFLOP/s)
 PY
 ) && r=measured || r=FAIL
 row "4. llama-1b, 1 GPU, bf16 matmuls" $r "$detail"
+
+# ---- 5. profile the GPU, plan on the profile, calibrate on a run -------------------------------
+say "ffrun profile on the GPU, then calibrate"
+$ffrun profile -o "$out/gpu-profile.json" --model profiles/models/tiny.json >"$out/profile.log" 2>&1 &&
+  $ffplan validate "$out/gpu-profile.json" >>"$out/profile.log" 2>&1 &&
+  $ffplan plan --cluster "$out/gpu-profile.json" --model profiles/models/tiny.json \
+    --training tests/device/tiny-bf16-training.json -o "$out/profiled-plan.json" >>"$out/profile.log" 2>&1 &&
+  timeout 120 mpirun -np 1 $ffrun "$out/profiled-plan.json" --text LICENSE --steps 12 --quiet \
+    --backend cuda --metrics "$out/profiled-run.jsonl" >>"$out/profile.log" 2>&1 &&
+  $ffplan calibrate --plan "$out/profiled-plan.json" --metrics "$out/profiled-run.jsonl" \
+    --cluster "$out/gpu-profile.json" -o "$out/gpu-calibrated.json" >"$out/calibrate.txt" 2>&1
+if [ -s "$out/calibrate.txt" ] && grep -q '^iteration' "$out/calibrate.txt"; then
+  row "5. profile + calibrate (GPU)" pass "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["device_types"][0]; print(d["name"], "peak bf16 %.0f / fp32 %.0f TFLOP/s measured" % (d["peak_tflops"]["bf16"], d["peak_tflops"]["fp32"]))' "$out/gpu-profile.json"); iteration error before/after: $(awk '/^iteration/ {print $5, $6}' "$out/calibrate.txt")"
+else
+  row "5. profile + calibrate (GPU)" FAIL "see profile.log and calibrate.txt"
+fi
 
 # ---- summary -----------------------------------------------------------------------------------
 {

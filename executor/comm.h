@@ -1,19 +1,23 @@
 /* comm.h — the communication backends' one interface, a table of functions like the kernels':
  * collectives over groups, point-to-point transfers inside the world group, and splitting groups.
- * This version has the MPI backend on host buffers (comm_mpi.c); an NCCL backend on device buffers
- * fits the same table. Every rank issues its collectives in the same global order: the callers
+ * comm_mpi.c works on host buffers; comm_nccl.c runs collectives on device buffers through NCCL
+ * and everything else through MPI. Every rank issues its collectives in the same global order: the callers
  * walk lists that every rank computes identically from the plan. */
 #ifndef FF_EXEC_COMM_H
 #define FF_EXEC_COMM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "ff_kernels.h"
 
 typedef struct ff_group ff_group;
 typedef struct ff_request ff_request;
 
 typedef struct ff_comm_backend {
   const char *name;
+  bool device_buffers; /* collectives take device buffers (NCCL); else host buffers only */
   ff_group *(*world)(void);
   int (*rank)(const ff_group *g);
   int (*size)(const ff_group *g);
@@ -40,5 +44,9 @@ typedef struct ff_comm_backend {
 } ff_comm_backend;
 
 const ff_comm_backend *ff_comm_mpi(void);
+/* NCCL for collectives on device buffers, MPI for the rest (after MPI_Init, on every rank
+ * together; k must be the CUDA backend). NULL with the reason in why when NCCL cannot start
+ * (several ranks on one GPU, a build without CUDA). */
+const ff_comm_backend *ff_comm_nccl(const ff_kernels *k, char *why, size_t why_cap);
 
 #endif

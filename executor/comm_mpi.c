@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "comm.h"
+#include "comm_mpi_ops.h"
 
 struct ff_group {
   MPI_Comm comm;
@@ -21,17 +22,20 @@ static ff_group *world(void) {
   return &world_group;
 }
 
-static int rank(const ff_group *g) {
+int ff_mpi_rank(MPI_Comm c) {
   int r;
-  MPI_Comm_rank(g->comm, &r);
+  MPI_Comm_rank(c, &r);
   return r;
 }
 
-static int size(const ff_group *g) {
+int ff_mpi_size(MPI_Comm c) {
   int s;
-  MPI_Comm_size(g->comm, &s);
+  MPI_Comm_size(c, &s);
   return s;
 }
+
+static int rank(const ff_group *g) { return ff_mpi_rank(g->comm); }
+static int size(const ff_group *g) { return ff_mpi_size(g->comm); }
 
 static ff_group *split(ff_group *parent, int color, int key) {
   MPI_Comm c;
@@ -53,14 +57,18 @@ static void release(ff_group *g) {
 }
 
 /* MPI counts are ints: reduce in pieces of at most 2^30 elements. */
-static void allreduce(ff_group *g, void *buf, int64_t n, MPI_Datatype type, size_t elem, MPI_Op op) {
+void ff_mpi_allreduce(MPI_Comm c, void *buf, int64_t n, MPI_Datatype type, size_t elem, MPI_Op op) {
   char *p = buf;
   while (n > 0) {
     int part = n > (1 << 30) ? (1 << 30) : (int)n;
-    MPI_Allreduce(MPI_IN_PLACE, p, part, type, op, g->comm);
+    MPI_Allreduce(MPI_IN_PLACE, p, part, type, op, c);
     p += (size_t)part * elem;
     n -= part;
   }
+}
+
+static void allreduce(ff_group *g, void *buf, int64_t n, MPI_Datatype type, size_t elem, MPI_Op op) {
+  ff_mpi_allreduce(g->comm, buf, n, type, elem, op);
 }
 
 static void allreduce_sum(ff_group *g, float *buf, int64_t n) {
@@ -89,7 +97,7 @@ static void bcast(ff_group *g, void *buf, size_t bytes, int root) {
   MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g->comm);
 }
 
-static ff_request *isend(const void *buf, size_t bytes, int dst, int tag) {
+ff_request *ff_mpi_isend(const void *buf, size_t bytes, int dst, int tag) {
   ff_request *r = malloc(sizeof *r);
   if (!r)
     MPI_Abort(MPI_COMM_WORLD, 1);
@@ -97,11 +105,11 @@ static ff_request *isend(const void *buf, size_t bytes, int dst, int tag) {
   return r;
 }
 
-static void recv(void *buf, size_t bytes, int src, int tag) {
+void ff_mpi_recv(void *buf, size_t bytes, int src, int tag) {
   MPI_Recv(buf, (int)bytes, MPI_BYTE, src, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
 }
 
-static void wait(ff_request *r) {
+void ff_mpi_wait(ff_request *r) {
   if (!r)
     return;
   MPI_Wait(&r->req, MPI_STATUS_IGNORE);
@@ -111,8 +119,9 @@ static void wait(ff_request *r) {
 static void abort_job(int status) { MPI_Abort(MPI_COMM_WORLD, status); }
 
 static const ff_comm_backend mpi_backend = {
-    "mpi", world, rank, size, split, release, allreduce_sum, allreduce_max, allreduce_sum_f64,
-    allgather, reduce_scatter_sum, bcast, isend, recv, wait, group_nothing, group_nothing,
+    "mpi", false, world, rank, size, split, release, allreduce_sum, allreduce_max, allreduce_sum_f64,
+    allgather, reduce_scatter_sum, bcast, ff_mpi_isend, ff_mpi_recv, ff_mpi_wait, group_nothing,
+    group_nothing,
     abort_job};
 
 const ff_comm_backend *ff_comm_mpi(void) { return &mpi_backend; }

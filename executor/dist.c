@@ -106,7 +106,8 @@ static void tp_collective(dist *d, float *buf, int64_t n, bool sum) {
 static void tp_sum(void *ctx, float *buf, int64_t n) { tp_collective(ctx, buf, n, true); }
 static void tp_max(void *ctx, float *buf, int64_t n) { tp_collective(ctx, buf, n, false); }
 
-/* A block of backend memory (grads, params, m, v) where the host can read and write it: itself on
+/* A block of backend memory (grads, params, m, v) where the host can read and write it (the
+ * gradient sums run on this host copy through MPI, with either communication backend): itself on
  * the CPU backend, else a copy in host_block (written back by host_block_put). */
 static float *host_block_get(dist *d, float *block) {
   if (!d->host_block)
@@ -722,9 +723,10 @@ static ff_status setup(dist *d) {
   if (!d->send_fwd || !d->send_bwd || !d->recv_buf || !d->req_fwd || !d->req_bwd)
     return FF_ERR_RUNTIME;
   if (!d->k->host_memory) {
-    d->tp_stage = d->k->alloc_host((size_t)NC * sizeof(float));
+    if (!d->c->device_buffers) /* TP sums of device activations through the host */
+      d->tp_stage = d->k->alloc_host((size_t)NC * sizeof(float));
     d->host_block = d->k->alloc_host((size_t)d->mr.n_params * sizeof(float));
-    if (!d->tp_stage || !d->host_block)
+    if ((!d->c->device_buffers && !d->tp_stage) || !d->host_block)
       return FF_ERR_RUNTIME;
   }
   return build_segments(d);
@@ -818,10 +820,11 @@ static void teardown(dist *d) {
     fclose(d->metrics);
 }
 
-ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const ff_train_opts *o) {
+ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const ff_comm_backend *c,
+                               const ff_train_opts *o) {
   static dist d; /* large (the group cache); one per process, used by main() alone */
   memset(&d, 0, sizeof d);
-  d.plan = plan, d.k = k, d.o = o, d.c = ff_comm_mpi();
+  d.plan = plan, d.k = k, d.o = o, d.c = c;
   d.world = d.c->world();
   d.rank = d.c->rank(d.world);
   d.have_eval = ff_evaluate_plan(plan, &d.eval) == FF_OK;

@@ -17,6 +17,7 @@
 #include "ff_gpu.h"
 #include "ff_kernels.h"
 #include "ff_version.h"
+#include "comm.h"
 #include "dist.h"
 #include "profile.h"
 #include "train.h"
@@ -60,6 +61,8 @@ static void usage(FILE *out) {
           "                          emulated_slowdown does the same for its ranks)\n"
           "  --quiet                 no progress lines\n"
           "  --dry-run               print the role of each rank and the backend it would use\n"
+          "  --comm C                how ranks talk: auto (NCCL when every rank has a GPU of its\n"
+          "                          own, else MPI), mpi, or nccl (fails when NCCL cannot start)\n"
           "  --backend B             auto (GPU when one answers, else CPU, with a notice), cpu,\n"
           "                          or cuda (fails when no GPU answers); matmuls on the GPU\n"
           "                          compute in the plan's training.precision\n"
@@ -198,6 +201,7 @@ typedef struct cli {
   bool dry;
   const char *plan_file;
   int backend;
+  int comm; /* ff_comm_choice */
   int threads;
   ff_train_opts train;
 } cli;
@@ -272,6 +276,18 @@ static int parse(int argc, char **argv, cli *c, bool *done) {
     } else if (strcmp(a, "--throttle") == 0) {
       if (!(v = value(argc, argv, &i)) || parse_throttle(v, &c->train) != 0)
         return FF_ERR_INPUT;
+    } else if (strcmp(a, "--comm") == 0) {
+      if (!(v = value(argc, argv, &i)))
+        return FF_ERR_INPUT;
+      const char *names[] = {"auto", "mpi", "nccl"};
+      c->comm = -1;
+      for (int k = 0; k < 3; k++)
+        if (strcmp(v, names[k]) == 0)
+          c->comm = k;
+      if (c->comm < 0) {
+        fprintf(stderr, "ffrun: --comm \"%s\" is not one of: auto, mpi, nccl\n", v);
+        return FF_ERR_INPUT;
+      }
     } else if (strcmp(a, "--backend") == 0 || strcmp(a, "--data") == 0 || strcmp(a, "--text") == 0 ||
                strcmp(a, "--steps") == 0 || strcmp(a, "--checkpoint-dir") == 0 ||
                strcmp(a, "--checkpoint-every") == 0 || strcmp(a, "--metrics") == 0 ||
@@ -406,6 +422,35 @@ static const ff_kernels *compute_backend(cli *c, const ff_plan *plan, backend go
   return ff_kernels_cpu(c->threads);
 }
 
+/* The communication backend, chosen alike on every rank: NCCL needs every rank on the CUDA
+ * backend with a GPU of its own (NCCL refuses two ranks on one GPU); MPI works everywhere. NULL
+ * when --comm nccl cannot be had. */
+static const ff_comm_backend *communication(const cli *c, const ff_kernels *k, int rank) {
+  MPI_Comm host;
+  int ranks_here = 1;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+  MPI_Comm_size(host, &ranks_here);
+  MPI_Comm_free(&host);
+  int own_gpu = !k->host_memory && ranks_here <= ff_gpu_count(NULL);
+  MPI_Allreduce(MPI_IN_PLACE, &own_gpu, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (c->comm == FF_COMM_MPI || (c->comm == FF_COMM_AUTO && !own_gpu))
+    return ff_comm_mpi();
+  if (!own_gpu) {
+    if (rank == 0)
+      fprintf(stderr, "ffrun: --comm nccl needs every rank on the CUDA backend with a GPU of its "
+              "own (this host runs %d ranks)\n", ranks_here);
+    return NULL;
+  }
+  char why[256];
+  const ff_comm_backend *nccl = ff_comm_nccl(k, why, sizeof why);
+  if (nccl)
+    return nccl;
+  if (rank == 0)
+    fprintf(stderr, "ffrun: NCCL cannot start: %s%s\n", why,
+            c->comm == FF_COMM_AUTO ? "; using MPI" : "");
+  return c->comm == FF_COMM_AUTO ? ff_comm_mpi() : NULL;
+}
+
 static int train(cli *c, const ff_plan *plan, backend got, int *argc, char ***argv) {
   if (c->train.checkpoint_dir && !make_dirs(c->train.checkpoint_dir)) {
     fprintf(stderr, "ffrun: --checkpoint-dir %s: cannot create it: %s\n", c->train.checkpoint_dir,
@@ -429,7 +474,10 @@ static int train(cli *c, const ff_plan *plan, backend got, int *argc, char ***ar
   const ff_kernels *k = compute_backend(c, plan, got, rank);
   if (!k)
     MPI_Abort(MPI_COMM_WORLD, FF_ERR_RUNTIME);
-  int rc = ff_train_distributed(plan, k, &c->train);
+  const ff_comm_backend *comm = communication(c, k, rank);
+  if (!comm)
+    MPI_Abort(MPI_COMM_WORLD, FF_ERR_RUNTIME);
+  int rc = ff_train_distributed(plan, k, comm, &c->train);
   if (rc != FF_OK && rc < 128) /* a failure; a signal stop (128 + signal) ends every rank alike */
     MPI_Abort(MPI_COMM_WORLD, rc);
   MPI_Finalize();

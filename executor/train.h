@@ -28,6 +28,9 @@ typedef struct ff_train_opts {
   int n_throttle;
 } ff_train_opts;
 
+/* --comm: how ranks talk. auto: NCCL when every rank trains on its own GPU, else MPI. */
+typedef enum ff_comm_choice { FF_COMM_AUTO, FF_COMM_MPI, FF_COMM_NCCL } ff_comm_choice;
+
 /* The emulated slowdown of a rank: --throttle for it, else its device type's
  * emulated_slowdown, else none (1). */
 double ff_throttle_factor(const ff_train_opts *o, int rank, const ff_device *device);

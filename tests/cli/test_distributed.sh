@@ -88,5 +88,18 @@ grep -q "process rank [0-9]* .* exited on signal 9" "$tmp/kill.log" || fail "the
 last=$(ls "$tmp/kill"/step-*.safetensors | tail -1)
 python3 "$compare" "$last" "$last" >/dev/null || fail "the last checkpoint ($last) is not readable"
 
+# --comm: NCCL needs a GPU per rank; on the CPU backend asking for it fails with the reason, and
+# --comm mpi trains as the default does.
+checks=$((checks + 1))
+if mpirun -np 2 "$ffrun" tests/plans/tp2-heads-3to1.json --text LICENSE --steps 1 --quiet \
+     --backend cpu --comm nccl >"$tmp/nccl.log" 2>&1; then
+  fail "--comm nccl on the CPU backend did not fail"
+fi
+grep -q "needs every rank on the CUDA backend" "$tmp/nccl.log" || fail "--comm nccl: no reason given"
+checks=$((checks + 1))
+mpirun -np 2 "$ffrun" tests/plans/tp2-heads-3to1.json --text LICENSE --steps 5 --quiet --comm mpi \
+  --metrics "$tmp/comm-mpi.jsonl" >/dev/null 2>&1 || fail "--comm mpi"
+losses_agree "$tmp/ref5.jsonl" "$tmp/comm-mpi.jsonl" >/dev/null || fail "--comm mpi changes the losses"
+
 echo "distributed: $checks checks, $failures failed"
 [ "$failures" -eq 0 ]

@@ -6,8 +6,9 @@
 # It builds with CUDA into build-device/, then
 #   1. every kernel against the CPU backend on fresh random inputs (check_kernels fp32, bf16);
 #   2. 20 training steps of the tiny model on the GPU against the CPU backend, fp32 and bf16;
-#   3. a 4-rank plan (DP + PP + uneven TP with a shared kv head) on the one GPU under mpirun,
-#      against the one-rank GPU run of the same model;
+#   3. a 4-rank plan (DP + PP + uneven TP with a shared kv head) on the one GPU under mpirun
+#      (--comm mpi: NCCL refuses two ranks on one GPU), against the one-rank GPU run of the same
+#      model; and the NCCL backend on one rank (several need several GPUs);
 #   4. the ~1B Llama on one GPU: tokens/s, MFU against 989 TFLOP/s, the step split into matmul,
 #      attention and the rest, backend memory;
 #   5. `ffrun profile` on the GPU, a plan on that profile, one run of it, `ffplan calibrate`;
@@ -110,6 +111,12 @@ timeout 180 mpirun -np 4 $ffrun tests/device/dp-pp-tp-4rank.json --text LICENSE 
   --backend cuda --metrics "$out/four-gpu.jsonl" >"$out/four-gpu.log" 2>&1
 detail=$(losses "$out/one-gpu.jsonl" "$out/four-gpu.jsonl" 1e-4) && r=pass || r=FAIL
 row "3. 4-rank DP+PP+uneven TP = 1 rank (GPU)" $r "$detail"
+
+say "NCCL on one rank"
+timeout 120 mpirun -np 1 $ffrun tests/plans/one-rank.json --text LICENSE --steps 5 --quiet \
+  --backend cuda --comm nccl --metrics "$out/nccl-1.jsonl" >"$out/nccl-1.log" 2>&1
+detail=$(losses "$out/one-gpu.jsonl" "$out/nccl-1.jsonl" 1e-6) && r=pass || r=FAIL
+row "3b. --comm nccl, 1 rank (bootstrap, splits, watchdog)" $r "$detail"
 
 # ---- 4. the ~1B Llama on one GPU ---------------------------------------------------------------
 say "llama-1b throughput"

@@ -1,0 +1,21 @@
+/* comm_mpi_ops.h — the MPI operations both communication backends use on host buffers (the MPI
+ * backend for everything, the NCCL backend for what is not a device collective). */
+#ifndef FF_EXEC_COMM_MPI_OPS_H
+#define FF_EXEC_COMM_MPI_OPS_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm.h"
+
+int ff_mpi_rank(MPI_Comm c);
+int ff_mpi_size(MPI_Comm c);
+/* In place over n elements of elem bytes, in pieces MPI's int counts can hold. */
+void ff_mpi_allreduce(MPI_Comm c, void *buf, int64_t n, MPI_Datatype type, size_t elem, MPI_Op op);
+/* Point to point between world ranks (see ff_comm_backend). */
+ff_request *ff_mpi_isend(const void *buf, size_t bytes, int dst, int tag);
+void ff_mpi_recv(void *buf, size_t bytes, int src, int tag);
+void ff_mpi_wait(ff_request *r);
+
+#endif

@@ -400,8 +400,11 @@ static int gpu_of_rank(const ff_plan *plan, int rank, int gpus) {
 
 /* The compute backend this rank trains on, or NULL when --backend cuda cannot be had. */
 static const ff_kernels *compute_backend(cli *c, const ff_plan *plan, backend got, int rank) {
-  if (got != BACKEND_CUDA)
-    return ff_kernels_cpu(c->threads);
+  if (got != BACKEND_CUDA) { /* a test hook: the CPU taking the GPU's copying paths */
+    const char *staged = getenv("FF_TEST_STAGED_CPU");
+    return staged && strcmp(staged, "1") == 0 ? ff_kernels_cpu_staged(c->threads)
+                                              : ff_kernels_cpu(c->threads);
+  }
   int gpu = gpu_of_rank(plan, rank, ff_gpu_count(NULL));
   ff_kernel_math math = plan->training.precision == FF_PRECISION_FP32 ? FF_MATH_FP32 : FF_MATH_BF16;
   char why[256];

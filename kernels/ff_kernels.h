@@ -128,6 +128,9 @@ typedef struct ff_kernels {
 
 /* The CPU backend (always present). threads: BLAS threads per rank (1 by default). */
 const ff_kernels *ff_kernels_cpu(int threads);
+/* The CPU backend saying its memory is not the host's (host_memory false), so that callers take
+ * the copying paths a GPU needs: those paths tested where no GPU is. */
+const ff_kernels *ff_kernels_cpu_staged(int threads);
 
 /* The CUDA backend on GPU `device` of this process, or NULL with the reason in why (when the
  * build has no CUDA, no GPU answers, or the device cannot be set up). One per process: a second

@@ -540,3 +540,13 @@ const ff_kernels *ff_kernels_cpu(int threads) {
   openblas_set_num_threads(threads > 0 ? threads : 1);
   return &cpu_kernels;
 }
+
+/* The same kernels, declaring their memory off limits to the host. */
+static ff_kernels staged_kernels;
+
+const ff_kernels *ff_kernels_cpu_staged(int threads) {
+  staged_kernels = *ff_kernels_cpu(threads);
+  staged_kernels.name = "cpu-staged";
+  staged_kernels.host_memory = false;
+  return &staged_kernels;
+}

@@ -4,7 +4,8 @@
 # 8, oversubscribed on the CPU backend); the loss at every step and every final weight must agree
 # with the one-rank run to relative 1e-5. Then: 3 steps under one plan, a checkpoint, and 3 more
 # under another plan equal 6 steps on one rank; and a killed rank ends the whole job with a
-# non-zero status within 60 s, leaving the last checkpoint intact.
+# non-zero status within 60 s, leaving the last checkpoint intact. The copying paths of the GPU
+# backend are taken on the CPU too (FF_TEST_STAGED_CPU), and --comm is checked.
 set -u
 ffrun=$1
 tmp=$(mktemp -d)
@@ -100,6 +101,24 @@ checks=$((checks + 1))
 mpirun -np 2 "$ffrun" tests/plans/tp2-heads-3to1.json --text LICENSE --steps 5 --quiet --comm mpi \
   --metrics "$tmp/comm-mpi.jsonl" >/dev/null 2>&1 || fail "--comm mpi"
 losses_agree "$tmp/ref5.jsonl" "$tmp/comm-mpi.jsonl" >/dev/null || fail "--comm mpi changes the losses"
+
+# The copying paths a GPU takes (TP sums staged through host memory, gradient sums and
+# checkpoints on a host copy, the non-finite check by reduction first), run on the CPU by the
+# FF_TEST_STAGED_CPU hook: same losses and final weights as one rank, and resume under them.
+for name in everything tp4-gqa; do
+  checks=$((checks + 2))
+  FF_TEST_STAGED_CPU=1 mpirun -np "$(ranks tests/plans/$name.json)" "$ffrun" tests/plans/$name.json \
+    --text LICENSE --steps 5 --quiet --metrics "$tmp/staged-$name.jsonl" \
+    --checkpoint-dir "$tmp/staged-$name" >"$tmp/staged.log" 2>&1 || { fail "staged $name"; tail -5 "$tmp/staged.log"; }
+  losses_agree "$tmp/ref5.jsonl" "$tmp/staged-$name.jsonl" >/dev/null || fail "staged $name: losses differ"
+  python3 "$compare" "$tmp/staged-$name/step-00000005.safetensors" "$tmp/ref/step-00000005.safetensors" \
+    >/dev/null || fail "staged $name: final weights differ from one rank"
+done
+checks=$((checks + 1))
+FF_TEST_STAGED_CPU=1 mpirun -np 4 "$ffrun" tests/plans/tp4-gqa.json --text LICENSE --steps 6 --quiet \
+  --metrics "$tmp/staged-resume.jsonl" --checkpoint-dir "$tmp/staged-everything" --resume >/dev/null 2>&1 &&
+  python3 "$compare" "$tmp/staged-everything/step-00000006.safetensors" "$tmp/ref/step-00000006.safetensors" \
+    >/dev/null || fail "staged: resume under another plan"
 
 echo "distributed: $checks checks, $failures failed"
 [ "$failures" -eq 0 ]

@@ -96,6 +96,10 @@ grep -q "step 3: the gradient of lm_head is not finite (rank 0, pipeline 0, stag
   fail "a non-finite gradient is not reported with its step, rank, stage and tensor"
 FF_INJECT_NAN_STEP=3 train --steps 5 --on-nan skip --metrics "$tmp/nan.jsonl" >"$tmp/log" 2>&1 || fail "--on-nan skip"
 [ "$(wc -l <"$tmp/nan.jsonl")" = 5 ] || fail "--on-nan skip did not go on"
+checks=$((checks + 1)) # the same on memory the host cannot read (a GPU's path, on the CPU)
+FF_TEST_STAGED_CPU=1 FF_INJECT_NAN_STEP=3 train --steps 5 >"$tmp/log" 2>&1
+grep -q "step 3: the gradient of lm_head is not finite (rank 0, pipeline 0, stage 0); stopping" "$tmp/log" ||
+  fail "a non-finite gradient in backend memory is not found and named"
 
 checks=$((checks + 1))
 FF_INJECT_NAN_STEP=3 train --steps 3 --on-nan skip --checkpoint-dir "$tmp/nanskip" >/dev/null 2>&1

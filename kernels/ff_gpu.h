@@ -13,6 +13,7 @@ typedef struct ff_gpu_info {
   char name[256];
   double memory_gib;
   int cc_major, cc_minor; /* compute capability */
+  char pci_bus_id[32];    /* domain:bus:device.function, the same whichever devices a process sees */
 } ff_gpu_info;
 
 /* 1 when this build contains the CUDA backend. */
@@ -21,6 +22,8 @@ int ff_gpu_built(void);
 int ff_gpu_count(const char **why);
 /* 0 on success. */
 int ff_gpu_query(int index, ff_gpu_info *out);
+/* The GPU this thread's CUDA calls go to (the CUDA backend's once it has started), -1 if none. */
+int ff_gpu_current(void);
 
 #ifdef __cplusplus
 }

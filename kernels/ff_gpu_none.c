@@ -19,6 +19,8 @@ int ff_gpu_query(int index, ff_gpu_info *out) {
   return 1;
 }
 
+int ff_gpu_current(void) { return -1; }
+
 void *ff_kernels_cuda_stream(void) { return NULL; }
 
 const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math, void (*on_fatal)(int status),

@@ -124,6 +124,11 @@ typedef struct ff_kernels {
                 float grad_scale);
   /* Σ x² in double precision */
   double (*sum_squares)(const float *x, int64_t n);
+
+  /* rows × width floats from src (rows src_stride floats apart) to dst (dst_stride apart), both
+   * backend memory, not overlapping; ordered after the work already issued, like a kernel */
+  void (*copy_rows)(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                    int64_t width, int64_t rows);
 } ff_kernels;
 
 /* The CPU backend (always present). threads: BLAS threads per rank (1 by default). */

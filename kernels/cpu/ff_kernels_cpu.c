@@ -467,6 +467,12 @@ static double sum_squares(const float *restrict x, int64_t n) {
   return sum;
 }
 
+static void copy_rows(float *restrict dst, int64_t dst_stride, const float *restrict src,
+                      int64_t src_stride, int64_t width, int64_t rows) {
+  for (int64_t r = 0; r < rows; r++)
+    memcpy(dst + r * dst_stride, src + r * src_stride, (size_t)width * sizeof *dst);
+}
+
 /* ---- timed entry points ----------------------------------------------------------------- */
 
 static void matmul_fwd(float *out, const float *inp, const float *w, int N, int In, int Out) {
@@ -534,6 +540,7 @@ static const ff_kernels cpu_kernels = {
     .ce_loss_grad = ce_loss_grad,
     .adamw = adamw,
     .sum_squares = sum_squares,
+    .copy_rows = copy_rows,
 };
 
 const ff_kernels *ff_kernels_cpu(int threads) {

@@ -277,6 +277,18 @@ static void check_head_dim(int D) {
   }
 }
 
+/* Every local query head must map to a local kv head: a bad shard would read outside k and v. */
+static void check_gqa(int Hq, int Hkv, int q_first, int kv_first, int group) {
+  int lo = group > 0 ? q_first / group - kv_first : -1;
+  int hi = group > 0 ? (q_first + Hq - 1) / group - kv_first : -1;
+  if (Hq > 0 && (group <= 0 || lo < 0 || hi >= Hkv)) {
+    char why[160];
+    snprintf(why, sizeof why, "query heads %d..%d (group %d) map to kv heads outside the local "
+             "%d..%d", q_first, q_first + Hq - 1, group, kv_first, kv_first + Hkv - 1);
+    ff_cuda_fatal(__FILE__, __LINE__, "attention", why);
+  }
+}
+
 template <int DL>
 static void fwd_launch(float *out, float *lse, const float *q, const float *k, const float *v,
                        int B, int S, int Hq, int Hkv, int D, int q_first, int kv_first,
@@ -315,6 +327,7 @@ extern "C" void ff_cuda_attention_fwd(float *out, float *lse, const float *q, co
                                       int q_first, int kv_first, int group) {
   if (B <= 0 || S <= 0 || Hq <= 0) return;
   check_head_dim(D);
+  check_gqa(Hq, Hkv, q_first, kv_first, group);
   if (D <= 32) fwd_launch<1>(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
   else if (D <= 64) fwd_launch<2>(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
   else if (D <= 128) fwd_launch<4>(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
@@ -333,6 +346,7 @@ extern "C" void ff_cuda_attention_bwd(float *dq, float *dk, float *dv, const flo
     FF_CUDA_CHECK(cudaMemsetAsync(dv, 0, bytes, ff_cuda_stream()));
     return;
   }
+  check_gqa(Hq, Hkv, q_first, kv_first, group);
 #define FF_BWD(DL) \
   bwd_launch<DL>(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group)
   if (D <= 32) FF_BWD(1);

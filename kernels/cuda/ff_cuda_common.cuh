@@ -22,7 +22,12 @@ void ff_cuda_fatal(const char *file, int line, const char *call, const char *mes
   } while (0)
 
 /* After a launch: a bad configuration shows up here, a fault at the next synchronising call. */
-#define FF_CUDA_LAUNCHED(what) FF_CUDA_CHECK(cudaGetLastError())
+#define FF_CUDA_LAUNCHED(what)                                                                 \
+  do {                                                                                         \
+    cudaError_t ff_err_ = cudaGetLastError();                                                  \
+    if (ff_err_ != cudaSuccess)                                                                \
+      ff_cuda_fatal(__FILE__, __LINE__, "launch of " what, cudaGetErrorString(ff_err_));        \
+  } while (0)
 
 enum { FF_WARP = 32 };
 

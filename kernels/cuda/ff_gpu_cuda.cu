@@ -31,5 +31,19 @@ extern "C" int ff_gpu_query(int index, ff_gpu_info *out) {
   out->memory_gib = (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0);
   out->cc_major = prop.major;
   out->cc_minor = prop.minor;
+  if (cudaDeviceGetPCIBusId(out->pci_bus_id, (int)sizeof out->pci_bus_id, index) != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(out->pci_bus_id, sizeof out->pci_bus_id, "%04x:%02x:%02x.0", prop.pciDomainID,
+             prop.pciBusID, prop.pciDeviceID);
+  }
   return 0;
+}
+
+extern "C" int ff_gpu_current(void) {
+  int d = -1;
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return d;
 }

@@ -174,6 +174,16 @@ static void cuda_copy(void *dst, const void *src, size_t bytes) {
   cuda_sync();
 }
 
+/* Rows of backend memory to backend memory, ordered on the stream like a kernel. */
+static void cuda_copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                           int64_t width, int64_t rows) {
+  if (width <= 0 || rows <= 0) return;
+  size_t w = (size_t)width * sizeof(float);
+  FF_CUDA_CHECK(cudaMemcpy2DAsync(dst, rows > 1 ? (size_t)dst_stride * sizeof(float) : w, src,
+                                  rows > 1 ? (size_t)src_stride * sizeof(float) : w, w,
+                                  (size_t)rows, cudaMemcpyDeviceToDevice, g.stream));
+}
+
 static void *cuda_alloc_host(size_t bytes) {
   void *p = NULL;
   if (bytes == 0) bytes = 64;
@@ -260,6 +270,8 @@ static gemm_entry *gemm_plan(const gemm_entry *key) {
   cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g.lt, e->op, e->a, e->b, e->c, e->c, pref, 1,
                                                      &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) /* a failure, not a "no" */
+    ff_cuda_fatal(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", cublasGetStatusString(st));
   e->lt = st == CUBLAS_STATUS_SUCCESS && found > 0;
   if (e->lt) e->algo = result.algo;
   return e;
@@ -643,7 +655,7 @@ static const ff_kernels cuda_kernels = {
     cuda_sync, cuda_memory, cuda_op_seconds, matmul_fwd, matmul_bwd, embedding_fwd,
     embedding_bwd, rmsnorm_fwd, rmsnorm_bwd, rope_fwd, rope_bwd, attention_fwd, attention_bwd,
     swiglu_fwd, swiglu_bwd, add, accumulate, scale, ce_row_max, ce_row_sum, ce_loss_grad, adamw,
-    sum_squares,
+    sum_squares, cuda_copy_rows,
 };
 
 static bool setup_failed(cudaError_t err, const char *what, char *why, size_t why_cap) {
@@ -676,21 +688,43 @@ extern "C" const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math,
     snprintf(why, why_cap, "GPU %d asked for, %d answer%s", device, count, count == 1 ? "s" : "");
     return NULL;
   }
-  if (setup_failed(cudaSetDevice(device), "cudaSetDevice", why, why_cap) ||
+  bool failed =
+      setup_failed(cudaSetDevice(device), "cudaSetDevice", why, why_cap) ||
       setup_failed(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking),
                    "cudaStreamCreate", why, why_cap) ||
       setup_failed(cudaMalloc(&g.workspace, WORKSPACE_BYTES), "cudaMalloc (cuBLASLt workspace)",
                    why, why_cap) ||
       setup_failed(cudaMalloc(&g.sumsq_partial, (SUMSQ_BLOCKS + 1) * sizeof(double)),
-                   "cudaMalloc (reduction scratch)", why, why_cap))
-    return NULL;
-  for (int i = 0; i < OP_RING; i++)
-    if (setup_failed(cudaEventCreate(&g.op_start[i]), "cudaEventCreate", why, why_cap) ||
-        setup_failed(cudaEventCreate(&g.op_stop[i]), "cudaEventCreate", why, why_cap))
-      return NULL;
-  if (cublasLtCreate(&g.lt) != CUBLAS_STATUS_SUCCESS || cublasCreate(&g.blas) != CUBLAS_STATUS_SUCCESS ||
-      cublasSetStream(g.blas, g.stream) != CUBLAS_STATUS_SUCCESS) {
+                   "cudaMalloc (reduction scratch)", why, why_cap);
+  int events = 0;
+  for (; !failed && events < OP_RING; events++) {
+    failed = setup_failed(cudaEventCreate(&g.op_start[events]), "cudaEventCreate", why, why_cap);
+    if (!failed && setup_failed(cudaEventCreate(&g.op_stop[events]), "cudaEventCreate", why, why_cap)) {
+      cudaEventDestroy(g.op_start[events]);
+      failed = true;
+    }
+    if (failed) break;
+  }
+  bool lt = !failed && cublasLtCreate(&g.lt) == CUBLAS_STATUS_SUCCESS;
+  bool blas = lt && cublasCreate(&g.blas) == CUBLAS_STATUS_SUCCESS;
+  if (!failed && (!blas || cublasSetStream(g.blas, g.stream) != CUBLAS_STATUS_SUCCESS)) {
     snprintf(why, why_cap, "cuBLAS could not be initialised on GPU %d", device);
+    failed = true;
+  }
+  if (failed) { /* give back what was made, so a fallback to the CPU starts clean */
+    if (blas) cublasDestroy(g.blas);
+    if (lt) cublasLtDestroy(g.lt);
+    for (int i = 0; i < events; i++) {
+      cudaEventDestroy(g.op_start[i]);
+      cudaEventDestroy(g.op_stop[i]);
+    }
+    if (g.sumsq_partial) cudaFree(g.sumsq_partial);
+    if (g.workspace) cudaFree(g.workspace);
+    if (g.stream) cudaStreamDestroy(g.stream);
+    cudaGetLastError();
+    g.sumsq_partial = NULL;
+    g.workspace = NULL;
+    g.stream = NULL;
     return NULL;
   }
   g.device = device;

@@ -2,8 +2,10 @@
  * inputs (the ggml test-backend-ops idea). Outputs a kernel overwrites are poisoned with NaN on
  * the GPU before it runs, so an element it fails to write fails the check; outputs it accumulates
  * into start from the same random values on both sides. The error of an output is
- * max |gpu − cpu| / max |cpu| over its elements (NaN anywhere fails), against 1e-5 for fp32 paths
- * and 1e-2 for matmuls computed in bf16.
+ * max |gpu − cpu| / max |cpu| over its elements (NaN anywhere fails, on either side), against
+ * 1e-5 for fp32 paths and 1e-2 for matmuls computed in bf16. Every tensor sits between two guard
+ * bands holding a sentinel, so a kernel writing outside its output (at index −1, or one past the
+ * end) fails too.
  *
  * usage: check_kernels fp32|bf16 [SEED]     exit 0 all pass, 1 a failure, 77 no GPU
  *        check_kernels self [SEED]          the CPU backend against itself: checks the checker
@@ -28,21 +30,41 @@ static double uniform(void) { /* xorshift64*, in [-1, 1) */
   return (double)((rng_state * 2685821657736338717ull) >> 11) / 4503599627370496.0 - 1.0;
 }
 
-/* One tensor on both backends. */
+/* One tensor on both backends, GUARD floats of SENTINEL either side. */
 typedef struct pair {
   float *c, *g;
   int64_t n;
 } pair;
 
+enum { GUARD = 16 };
+static const float SENTINEL = 7777.25f;
+
 static pair make(int64_t n, double amplitude) {
-  pair p = {cpu->alloc((size_t)n * 4), gpu->alloc((size_t)n * 4), n};
-  if (!p.c || !p.g) {
+  float *c = cpu->alloc((size_t)(n + 2 * GUARD) * 4), *g = gpu->alloc((size_t)(n + 2 * GUARD) * 4);
+  if (!c || !g) {
     fprintf(stderr, "check_kernels: out of memory\n");
     exit(1);
   }
+  pair p = {c + GUARD, g + GUARD, n};
+  for (int i = 0; i < GUARD; i++) c[i] = c[n + GUARD + i] = SENTINEL;
   for (int64_t i = 0; i < n; i++) p.c[i] = (float)(amplitude * uniform());
-  gpu->to_device(p.g, p.c, (size_t)n * 4);
+  gpu->to_device(g, c, (size_t)(n + 2 * GUARD) * 4);
   return p;
+}
+
+/* Whether the guard bands of one side still hold the sentinel. */
+static bool guards_intact(const float *data, int64_t n, bool on_gpu) {
+  float band[2 * GUARD];
+  if (on_gpu) {
+    gpu->to_host(band, data - GUARD, GUARD * 4);
+    gpu->to_host(band + GUARD, data + n, GUARD * 4);
+  } else {
+    memcpy(band, data - GUARD, GUARD * 4);
+    memcpy(band + GUARD, data + n, GUARD * 4);
+  }
+  for (int i = 0; i < 2 * GUARD; i++)
+    if (band[i] != SENTINEL) return false;
+  return true;
 }
 
 /* An output the kernel overwrites: zero on the CPU, NaN on the GPU. */
@@ -56,16 +78,20 @@ static pair output(int64_t n) {
 }
 
 static void drop(pair p) {
-  cpu->release(p.c);
-  gpu->release(p.g);
+  cpu->release(p.c - GUARD);
+  gpu->release(p.g - GUARD);
 }
 
 static void check(const char *what, pair p, double tol) {
   float *host = malloc((size_t)p.n * 4);
   gpu->to_host(host, p.g, (size_t)p.n * 4);
   double worst = 0, scale = 0;
-  int64_t bad = -1;
+  int64_t bad = -1, bad_ref = -1;
   for (int64_t i = 0; i < p.n; i++) {
+    if (!isfinite(p.c[i])) { /* the reference itself is broken: nothing to compare against */
+      if (bad_ref < 0) bad_ref = i;
+      continue;
+    }
     scale = fmax(scale, fabs(p.c[i]));
     if (!isfinite(host[i])) {
       if (bad < 0) bad = i;
@@ -73,13 +99,15 @@ static void check(const char *what, pair p, double tol) {
     }
     worst = fmax(worst, fabs((double)host[i] - p.c[i]));
   }
+  bool fenced = guards_intact(p.g, p.n, true) && guards_intact(p.c, p.n, false);
   double rel = scale > 0 ? worst / scale : worst;
-  bool ok = bad < 0 && rel <= tol;
+  bool ok = bad < 0 && bad_ref < 0 && fenced && rel <= tol;
   checks++;
   if (!ok) failures++;
-  printf("%-44s %-4s  rel error %.3e  (tolerance %.0e)%s", what, ok ? "ok" : "FAIL", rel, tol,
-         bad >= 0 ? "  non-finite output" : "");
-  if (bad >= 0) printf(" at element %lld", (long long)bad);
+  printf("%-44s %-4s  rel error %.3e  (tolerance %.0e)", what, ok ? "ok" : "FAIL", rel, tol);
+  if (bad >= 0) printf("  non-finite output at element %lld", (long long)bad);
+  if (bad_ref >= 0) printf("  non-finite reference at element %lld", (long long)bad_ref);
+  if (!fenced) printf("  written outside the output");
   printf("\n");
   free(host);
 }
@@ -131,6 +159,42 @@ static void check_embedding(int N, int C, int vocab, int first, int end) {
   drop(table), drop(out), drop(dout), drop(dtable);
   free(tok);
   gpu->release(tok_g);
+}
+
+/* Strided rows of one buffer into another: a segment packed for a gradient sum, and back. */
+static void check_copy_rows(int64_t rows, int64_t width, int64_t stride) {
+  pair src = make(rows * stride, 1), packed = output(rows * width);
+  cpu->copy_rows(packed.c, width, src.c + 3, stride, width, rows);
+  gpu->copy_rows(packed.g, width, src.g + 3, stride, width, rows);
+  check("copy_rows (pack a column block)", packed, 0);
+  drop(src), drop(packed);
+}
+
+/* Self mode: the checker must fail a kernel that leaves an element unwritten, writes before its
+ * output, or compares against a broken reference. Each case runs check() on a doctored pair and
+ * counts as passed when check() fails it. */
+static void check_the_checker(void) {
+  struct { const char *what; int how; } cases[] = {
+      {"checker: an unwritten element fails", 0},
+      {"checker: a write at index -1 fails", 1},
+      {"checker: a NaN in the reference fails", 2},
+  };
+  for (int c = 0; c < 3; c++) {
+    pair x = make(64, 1), y = output(64);
+    for (int i = 0; i < 64; i++) y.c[i] = x.c[i];
+    gpu->to_device(y.g, x.c, 64 * 4);
+    float nan = NAN, stray = 1.0f;
+    if (cases[c].how == 0) gpu->to_device(y.g + 17, &nan, 4);
+    if (cases[c].how == 1) gpu->to_device(y.g - 1, &stray, 4);
+    if (cases[c].how == 2) y.c[5] = NAN;
+    int before = failures;
+    printf("  (expected to fail) ");
+    check(cases[c].what, y, 1e-5);
+    bool caught = failures > before;
+    failures = before + (caught ? 0 : 1);
+    printf("%-44s %s\n", cases[c].what, caught ? "ok" : "FAIL (not caught)");
+    drop(x), drop(y);
+  }
 }
 
 static void check_rmsnorm(int N, int C) {
@@ -261,7 +325,10 @@ int main(int argc, char **argv) {
   check_matmul(154, 96, 200, 0);
   check_matmul(77, 64, 172, 1);
   check_matmul(512, 2048, 5632, 0);
+  if (self) check_the_checker();
+  check_copy_rows(33, 40, 96);
   check_embedding(154, 96, 256, 40, 200);
+  check_embedding(50, 300, 64, 0, 64);           /* C past one block of threads */
   check_rmsnorm(154, 2048);
   check_rmsnorm(77, 96);
   check_rope(2, 77, 3, 64);
@@ -270,6 +337,7 @@ int main(int argc, char **argv) {
   check_attention(1, 130, 2, 1, 64, 2, 1, 2);    /* heads 2-3 over kv head 1 */
   check_attention(1, 96, 2, 2, 128, 0, 0, 1);
   check_attention(1, 40, 1, 1, 200, 0, 0, 1);    /* D not a power of two, past 128 */
+  check_attention(1, 70, 2, 1, 256, 0, 0, 2);    /* the largest D, GQA */
   check_elementwise(100003);
   check_cross_entropy(154, 256, 0);
   check_cross_entropy(77, 1000, 300);            /* a vocabulary shard */

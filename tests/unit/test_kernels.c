@@ -797,6 +797,27 @@ static void sum_squares_is_exact_in_double_for_any_length(void **state) {
   free(x);
 }
 
+/* ---- strided copies --------------------------------------------------------------------- */
+
+static void copy_rows_moves_a_column_block_and_touches_nothing_else(void **state) {
+  (void)state;
+  enum { ROWS = 5, STRIDE = 11, WIDTH = 4, FIRST = 3 };
+  float *src = frandom(ROWS * STRIDE, 1.0f, 17), packed[ROWS * WIDTH + 2], back[ROWS * STRIDE];
+  for (int i = 0; i < ROWS * WIDTH + 2; i++) packed[i] = -7.0f;
+  K->copy_rows(packed + 1, WIDTH, src + FIRST, STRIDE, WIDTH, ROWS);
+  assert_true(packed[0] == -7.0f && packed[ROWS * WIDTH + 1] == -7.0f);
+  for (int r = 0; r < ROWS; r++)
+    for (int c = 0; c < WIDTH; c++) assert_true(packed[1 + r * WIDTH + c] == src[r * STRIDE + FIRST + c]);
+  for (int i = 0; i < ROWS * STRIDE; i++) back[i] = 0.5f;
+  K->copy_rows(back + FIRST, STRIDE, packed + 1, WIDTH, WIDTH, ROWS);
+  for (int r = 0; r < ROWS; r++)
+    for (int c = 0; c < STRIDE; c++) {
+      bool in = c >= FIRST && c < FIRST + WIDTH;
+      assert_true(back[r * STRIDE + c] == (in ? src[r * STRIDE + c] : 0.5f));
+    }
+  free(src);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(alloc_returns_zeroed_cache_aligned_memory_and_copies_round_trip),
@@ -826,6 +847,7 @@ int main(void) {
       cmocka_unit_test(adamw_one_and_two_steps_match_torch_adamw_formulas),
       cmocka_unit_test(adamw_with_zero_gradient_only_decays_the_weights),
       cmocka_unit_test(sum_squares_is_exact_in_double_for_any_length),
+      cmocka_unit_test(copy_rows_moves_a_column_block_and_touches_nothing_else),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -22,12 +22,22 @@ typedef struct ff_comm_backend {
   int (*rank)(const ff_group *g);
   int (*size)(const ff_group *g);
   /* A subgroup: ranks calling with the same color (>= 0) form one, ordered by key; color < 0
-   * gives NULL. Every rank of the parent must call. */
-  ff_group *(*split)(ff_group *parent, int color, int key);
+   * gives NULL. Every rank of the parent must call, with the same `device`: whether the group
+   * will carry collectives on device buffers (NCCL makes a communicator for it only then, and
+   * only for groups of more than one rank). */
+  ff_group *(*split)(ff_group *parent, int color, int key, bool device);
   void (*release)(ff_group *g);
   void (*allreduce_sum)(ff_group *g, float *buf, int64_t n);
   void (*allreduce_max)(ff_group *g, float *buf, int64_t n);
   void (*allreduce_sum_f64)(ff_group *g, double *buf, int64_t n);
+  /* A sum in place that is started, not finished: buf must not be touched until wait(request)
+   * returns. On a device buffer the sum follows the compute work issued before the call, runs on
+   * its own stream beside the work issued after it, and wait makes the compute work issued after
+   * the wait follow the sum (the host does not block). */
+  ff_request *(*iallreduce_sum)(ff_group *g, float *buf, int64_t n);
+  /* Let started operations move on while the caller computes; true when r has finished (it must
+   * still be waited for). */
+  bool (*test)(ff_request *r);
   void (*allgather)(ff_group *g, const void *mine, void *all, size_t bytes);
   /* recv(n) = the group's sum of the block of send(n · size) that belongs to this rank */
   void (*reduce_scatter_sum)(ff_group *g, const float *send, float *recv, int64_t n);
@@ -40,10 +50,18 @@ typedef struct ff_comm_backend {
   /* Bracket a batch of point-to-point calls (NCCL groups them; MPI needs nothing). */
   void (*group_start)(void);
   void (*group_end)(void);
+  /* End the job from any rank: every rank exits with a non-zero status. */
   void (*abort)(int status);
+  /* Release what the backend holds (communicators, threads) before MPI_Finalize; every rank
+   * calls it after its last collective. */
+  void (*finalize)(void);
 } ff_comm_backend;
 
 const ff_comm_backend *ff_comm_mpi(void);
+/* The MPI backend declaring device_buffers: with the CPU backend's staged memory (which is host
+ * memory all the same) it takes the executor's device-collective paths where no GPU is. A test
+ * hook (FF_TEST_DEVICE_COMM=1). */
+const ff_comm_backend *ff_comm_mpi_device(void);
 /* NCCL for collectives on device buffers, MPI for the rest (after MPI_Init, on every rank
  * together; k must be the CUDA backend). NULL with the reason in why when NCCL cannot start
  * (several ranks on one GPU, a build without CUDA). */

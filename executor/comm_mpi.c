@@ -11,10 +11,6 @@ struct ff_group {
   MPI_Comm comm;
 };
 
-struct ff_request {
-  MPI_Request req;
-};
-
 static ff_group world_group = {MPI_COMM_NULL};
 
 static ff_group *world(void) {
@@ -37,7 +33,8 @@ int ff_mpi_size(MPI_Comm c) {
 static int rank(const ff_group *g) { return ff_mpi_rank(g->comm); }
 static int size(const ff_group *g) { return ff_mpi_size(g->comm); }
 
-static ff_group *split(ff_group *parent, int color, int key) {
+static ff_group *split(ff_group *parent, int color, int key, bool device) {
+  (void)device;
   MPI_Comm c;
   MPI_Comm_split(parent->comm, color < 0 ? MPI_UNDEFINED : color, key, &c);
   if (c == MPI_COMM_NULL)
@@ -97,31 +94,99 @@ static void bcast(ff_group *g, void *buf, size_t bytes, int root) {
   MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g->comm);
 }
 
-ff_request *ff_mpi_isend(const void *buf, size_t bytes, int dst, int tag) {
-  ff_request *r = malloc(sizeof *r);
+/* A request of n MPI requests (one kept inline). */
+static ff_request *request(int n) {
+  ff_request *r = calloc(1, sizeof *r);
+  if (r && n > 1 && !(r->mpi = calloc((size_t)n, sizeof *r->mpi))) {
+    free(r);
+    r = NULL;
+  }
   if (!r)
     MPI_Abort(MPI_COMM_WORLD, 1);
-  MPI_Isend(buf, (int)bytes, MPI_BYTE, dst, tag, MPI_COMM_WORLD, &r->req);
+  r->n = n;
+  if (n <= 1)
+    r->mpi = &r->one;
+  return r;
+}
+
+/* Messages over 2 GiB go in pieces of 1 GiB; MPI keeps the pieces of one sender and tag in
+ * order. */
+enum { PIECE = 1 << 30 };
+
+static int pieces(size_t bytes) { return bytes == 0 ? 1 : (int)((bytes + PIECE - 1) / PIECE); }
+
+ff_request *ff_mpi_isend(const void *buf, size_t bytes, int dst, int tag) {
+  int n = pieces(bytes);
+  ff_request *r = request(n);
+  const char *p = buf;
+  for (int i = 0; i < n; i++) {
+    size_t part = bytes - (size_t)i * PIECE < PIECE ? bytes - (size_t)i * PIECE : PIECE;
+    MPI_Isend(p + (size_t)i * PIECE, (int)part, MPI_BYTE, dst, tag, MPI_COMM_WORLD, &r->mpi[i]);
+  }
   return r;
 }
 
 void ff_mpi_recv(void *buf, size_t bytes, int src, int tag) {
-  MPI_Recv(buf, (int)bytes, MPI_BYTE, src, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  int n = pieces(bytes);
+  char *p = buf;
+  for (int i = 0; i < n; i++) {
+    size_t part = bytes - (size_t)i * PIECE < PIECE ? bytes - (size_t)i * PIECE : PIECE;
+    MPI_Recv(p + (size_t)i * PIECE, (int)part, MPI_BYTE, src, tag, MPI_COMM_WORLD,
+             MPI_STATUS_IGNORE);
+  }
+}
+
+static void request_free(ff_request *r) {
+  if (r->mpi != &r->one)
+    free(r->mpi);
+  free(r);
 }
 
 void ff_mpi_wait(ff_request *r) {
   if (!r)
     return;
-  MPI_Wait(&r->req, MPI_STATUS_IGNORE);
-  free(r);
+  MPI_Waitall(r->n, r->mpi, MPI_STATUSES_IGNORE);
+  request_free(r);
+}
+
+bool ff_mpi_test(ff_request *r) {
+  int done = 1;
+  if (r)
+    MPI_Testall(r->n, r->mpi, &done, MPI_STATUSES_IGNORE);
+  return done != 0;
+}
+
+/* Over 2^30 elements (PIECE counts elements here), the sum goes in several started pieces. */
+ff_request *ff_mpi_iallreduce_sum(MPI_Comm c, float *buf, int64_t n) {
+  int parts = n <= 0 ? 1 : (int)((n + PIECE - 1) / PIECE);
+  ff_request *r = request(parts);
+  for (int i = 0; i < parts; i++) {
+    int64_t left = n - (int64_t)i * PIECE;
+    int part = left < PIECE ? (int)(left > 0 ? left : 0) : PIECE;
+    MPI_Iallreduce(MPI_IN_PLACE, buf + (int64_t)i * PIECE, part, MPI_FLOAT, MPI_SUM, c, &r->mpi[i]);
+  }
+  return r;
+}
+
+static ff_request *iallreduce_sum(ff_group *g, float *buf, int64_t n) {
+  return ff_mpi_iallreduce_sum(g->comm, buf, n);
 }
 
 static void abort_job(int status) { MPI_Abort(MPI_COMM_WORLD, status); }
 
+static void finalize(void) {}
+
 static const ff_comm_backend mpi_backend = {
     "mpi", false, world, rank, size, split, release, allreduce_sum, allreduce_max, allreduce_sum_f64,
-    allgather, reduce_scatter_sum, bcast, ff_mpi_isend, ff_mpi_recv, ff_mpi_wait, group_nothing,
-    group_nothing,
-    abort_job};
+    iallreduce_sum, ff_mpi_test, allgather, reduce_scatter_sum, bcast, ff_mpi_isend, ff_mpi_recv,
+    ff_mpi_wait, group_nothing, group_nothing, abort_job, finalize};
+
+/* The same operations under another name and flag: MPI reads the staged CPU backend's "device"
+ * memory directly, since it is host memory. */
+static const ff_comm_backend mpi_device_backend = {
+    "mpi-device", true, world, rank, size, split, release, allreduce_sum, allreduce_max,
+    allreduce_sum_f64, iallreduce_sum, ff_mpi_test, allgather, reduce_scatter_sum, bcast,
+    ff_mpi_isend, ff_mpi_recv, ff_mpi_wait, group_nothing, group_nothing, abort_job, finalize};
 
 const ff_comm_backend *ff_comm_mpi(void) { return &mpi_backend; }
+const ff_comm_backend *ff_comm_mpi_device(void) { return &mpi_device_backend; }

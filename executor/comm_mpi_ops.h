@@ -4,10 +4,20 @@
 #define FF_EXEC_COMM_MPI_OPS_H
 
 #include <mpi.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "comm.h"
+
+/* A started operation: MPI requests (a sum over more elements than an int counts takes several),
+ * or, in the NCCL backend, an event recorded after a collective on a device buffer. */
+struct ff_request {
+  int n;
+  MPI_Request *mpi;
+  void *event; /* cudaEvent_t, NCCL backend only */
+  MPI_Request one;
+};
 
 int ff_mpi_rank(MPI_Comm c);
 int ff_mpi_size(MPI_Comm c);
@@ -17,5 +27,8 @@ void ff_mpi_allreduce(MPI_Comm c, void *buf, int64_t n, MPI_Datatype type, size_
 ff_request *ff_mpi_isend(const void *buf, size_t bytes, int dst, int tag);
 void ff_mpi_recv(void *buf, size_t bytes, int src, int tag);
 void ff_mpi_wait(ff_request *r);
+bool ff_mpi_test(ff_request *r);
+/* A started in-place sum over host memory, in pieces MPI's int counts can hold. */
+ff_request *ff_mpi_iallreduce_sum(MPI_Comm c, float *buf, int64_t n);
 
 #endif

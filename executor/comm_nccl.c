@@ -1,17 +1,20 @@
 /* comm_nccl.c — the NCCL communication backend, for ranks that each own a GPU.
  *
- * Collectives on device buffers (the TP all-reduces of activations, between kernels) run through
- * NCCL on the compute backend's stream, so they are ordered with the kernels around them and the
- * host does not wait. Everything else — host buffers (losses, timings, names), point-to-point
- * transfers of the staged activations, the gradient sums on the host copy — goes through MPI,
- * which also bootstraps NCCL: rank 0's unique id travels by MPI_Bcast, subgroups are made by
- * ncclCommSplit beside MPI_Comm_split. A buffer is "device" when CUDA says its pointer is device
- * or managed memory.
+ * Collectives on device buffers run through NCCL: the TP all-reduces of activations on the
+ * compute backend's stream, so they are ordered with the kernels around them and the host does
+ * not wait; the started gradient sums (iallreduce_sum) on a stream of their own, after an event
+ * of the compute stream, so they run beside the backward that follows them. Everything else —
+ * host buffers (losses, timings, names), point-to-point transfers of the staged activations —
+ * goes through MPI, which also bootstraps NCCL: rank 0's unique id travels by MPI_Bcast, and
+ * subgroups that carry device collectives are made by ncclCommSplit beside MPI_Comm_split. A
+ * buffer is "device" when CUDA says its pointer is device or managed memory.
  *
  * A dead peer must end the job, not hang it: a watchdog thread asks every communicator for its
- * asynchronous error once a second and, on an error or when a collective has not finished within
- * FF_NCCL_TIMEOUT_S seconds (default 600), prints why, aborts the communicators and exits the
- * process non-zero, which makes mpirun end every rank. */
+ * asynchronous error once a second, follows each collective's completion event, and watches the
+ * blocking calls (communicator creation, splits, the final destroy). On an error, or when
+ * something has not finished within FF_NCCL_TIMEOUT_S seconds (default 600), it prints why and
+ * exits the process non-zero, which makes mpirun end every rank. It does not abort the
+ * communicators first: ncclCommAbort from one rank can itself wait on the others. */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -28,32 +31,44 @@
 #include "comm_mpi_ops.h"
 #include "ff_kernels.h"
 
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "the NCCL backend needs NCCL 2.18 or newer (ncclCommSplit)"
+#endif
+
 enum {
-  MAX_COMMS = 256,
-  PENDING = 4096, /* collectives whose completion the watchdog follows */
+  PENDING = 4096, /* collectives per stream whose completion the watchdog follows */
 };
 
 struct ff_group {
   MPI_Comm mpi;
-  ncclComm_t nccl; /* NULL for a group of one */
+  ncclComm_t nccl; /* NULL: no device collectives on this group (or a group of one) */
 };
 
-/* One backend per process, like the CUDA backend it rides on. */
-static struct nccl_state {
+/* The collectives issued on one stream, oldest first: a ring of events recorded after each, with
+ * when it was issued. They complete in order, so the oldest unfinished one says how long the
+ * stream has been stuck. */
+typedef struct ring {
   cudaStream_t stream;
-  ff_group world;
-  ncclComm_t comms[MAX_COMMS]; /* every communicator made, for the watchdog */
-  int n_comms;
-  /* a ring of events recorded after each collective, with when it was issued: they complete in
-   * order on the one stream, so the oldest unfinished one says how long the stream has been stuck */
   cudaEvent_t done[PENDING];
   double issued_at[PENDING];
   int head, pending;
+} ring;
+
+enum { COMPUTE, DP, RINGS };
+
+/* One backend per process, like the CUDA backend it rides on. */
+static struct nccl_state {
+  ring rings[RINGS];
+  ff_group world;
+  ncclComm_t *comms; /* every communicator made, for the watchdog and the final destroy */
+  int n_comms, cap_comms;
   int device, rank;
   double timeout_s;
+  const char *blocking;  /* the blocking call under way (the watchdog times it), or NULL */
+  double blocking_since;
   pthread_mutex_t lock;
   pthread_t watchdog;
-  bool ready;
+  bool watching, stop, ready;
 } nc = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static double now(void) {
@@ -66,11 +81,6 @@ static double now(void) {
 static void die(const char *what, const char *why) {
   fprintf(stderr, "ffrun: rank %d: NCCL: %s: %s; ending the job\n", nc.rank, what, why);
   fflush(stderr);
-  pthread_mutex_lock(&nc.lock);
-  for (int i = 0; i < nc.n_comms; i++)
-    ncclCommAbort(nc.comms[i]);
-  nc.n_comms = 0;
-  pthread_mutex_unlock(&nc.lock);
   _exit(1); /* from any thread; mpirun then ends the other ranks */
 }
 
@@ -88,12 +98,47 @@ static void die(const char *what, const char *why) {
       die(#call, cudaGetErrorString(e_));                                                      \
   } while (0)
 
+/* Bracket a call that blocks until every rank has made it: the watchdog ends the job when it
+ * takes longer than the timeout. */
+static void blocking_begin(const char *what) {
+  pthread_mutex_lock(&nc.lock);
+  nc.blocking = what;
+  nc.blocking_since = now();
+  pthread_mutex_unlock(&nc.lock);
+}
+
+static void blocking_end(void) {
+  pthread_mutex_lock(&nc.lock);
+  nc.blocking = NULL;
+  pthread_mutex_unlock(&nc.lock);
+}
+
+/* Drop the finished collectives of a ring; true when its oldest unfinished one is overdue. */
+static bool ring_stuck(ring *r, double t) {
+  while (r->pending > 0) {
+    cudaError_t e = cudaEventQuery(r->done[r->head]);
+    if (e == cudaErrorNotReady)
+      break;
+    if (e != cudaSuccess) {
+      pthread_mutex_unlock(&nc.lock);
+      die("a collective failed on the GPU", cudaGetErrorString(e));
+    }
+    r->head = (r->head + 1) % PENDING;
+    r->pending--;
+  }
+  return r->pending > 0 && t - r->issued_at[r->head] > nc.timeout_s;
+}
+
 static void *watch(void *unused) {
   (void)unused;
   cudaSetDevice(nc.device); /* a new thread starts on device 0 */
   for (;;) {
     sleep(1);
     pthread_mutex_lock(&nc.lock);
+    if (nc.stop) {
+      pthread_mutex_unlock(&nc.lock);
+      return NULL;
+    }
     for (int i = 0; i < nc.n_comms; i++) {
       ncclResult_t async = ncclSuccess;
       if (ncclCommGetAsyncError(nc.comms[i], &async) == ncclSuccess && async != ncclSuccess &&
@@ -102,15 +147,15 @@ static void *watch(void *unused) {
         die("asynchronous error", ncclGetErrorString(async));
       }
     }
-    while (nc.pending > 0 && cudaEventQuery(nc.done[nc.head]) == cudaSuccess) {
-      nc.head = (nc.head + 1) % PENDING;
-      nc.pending--;
-    }
-    bool stuck = nc.pending > 0 && now() - nc.issued_at[nc.head] > nc.timeout_s;
+    double t = now();
+    const char *stuck = nc.blocking && t - nc.blocking_since > nc.timeout_s ? nc.blocking : NULL;
+    for (int i = 0; i < RINGS && !stuck; i++)
+      if (nc.rings[i].stream && ring_stuck(&nc.rings[i], t))
+        stuck = "a collective";
     pthread_mutex_unlock(&nc.lock);
     if (stuck) {
-      char why[96];
-      snprintf(why, sizeof why, "a collective has not finished after %.0f s (FF_NCCL_TIMEOUT_S)",
+      char why[160];
+      snprintf(why, sizeof why, "%s has not finished after %.0f s (FF_NCCL_TIMEOUT_S)", stuck,
                nc.timeout_s);
       die("timeout", why);
     }
@@ -120,28 +165,37 @@ static void *watch(void *unused) {
 
 static void remember(ncclComm_t c) {
   pthread_mutex_lock(&nc.lock);
-  if (nc.n_comms < MAX_COMMS)
-    nc.comms[nc.n_comms++] = c;
+  if (nc.n_comms == nc.cap_comms) {
+    int cap = nc.cap_comms ? 2 * nc.cap_comms : 64;
+    ncclComm_t *more = realloc(nc.comms, (size_t)cap * sizeof *more);
+    if (!more) {
+      pthread_mutex_unlock(&nc.lock);
+      die("split", "out of memory");
+    }
+    nc.comms = more;
+    nc.cap_comms = cap;
+  }
+  nc.comms[nc.n_comms++] = c;
   pthread_mutex_unlock(&nc.lock);
 }
 
-/* Follow the collective just issued (when the ring is full, the watchdog has fallen a second
- * behind; the next ones are followed again once it catches up). */
-static void issued(void) {
+/* Follow the collective just issued on a stream (when its ring is full, the watchdog has fallen
+ * a second behind; the next ones are followed again once it catches up). */
+static void issued(int which) {
+  ring *r = &nc.rings[which];
   pthread_mutex_lock(&nc.lock);
-  if (nc.pending < PENDING) {
-    int i = (nc.head + nc.pending) % PENDING;
-    cudaError_t e = cudaEventRecord(nc.done[i], nc.stream);
+  cudaError_t e = cudaSuccess;
+  if (r->pending < PENDING) {
+    int i = (r->head + r->pending) % PENDING;
+    e = cudaEventRecord(r->done[i], r->stream);
     if (e == cudaSuccess) {
-      nc.issued_at[i] = now();
-      nc.pending++;
+      r->issued_at[i] = now();
+      r->pending++;
     }
-    pthread_mutex_unlock(&nc.lock);
-    if (e != cudaSuccess)
-      die("cudaEventRecord", cudaGetErrorString(e));
-    return;
   }
   pthread_mutex_unlock(&nc.lock);
+  if (e != cudaSuccess)
+    die("cudaEventRecord", cudaGetErrorString(e));
 }
 
 static bool on_device(const void *p) {
@@ -160,12 +214,20 @@ static ff_group *world(void) { return &nc.world; }
 static int rank(const ff_group *g) { return ff_mpi_rank(g->mpi); }
 static int size(const ff_group *g) { return ff_mpi_size(g->mpi); }
 
-static ff_group *split(ff_group *parent, int color, int key) {
+static ff_group *split(ff_group *parent, int color, int key, bool device) {
   MPI_Comm m;
   MPI_Comm_split(parent->mpi, color < 0 ? MPI_UNDEFINED : color, key, &m);
   ncclComm_t n = NULL;
-  if (parent->nccl)
-    NCCL_CHECK(ncclCommSplit(parent->nccl, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &n, NULL));
+  if (parent->nccl && device) { /* every rank of the parent takes part; groups of one need none */
+    int color_n = m != MPI_COMM_NULL && ff_mpi_size(m) > 1 ? color : NCCL_SPLIT_NOCOLOR;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.splitShare = 1; /* many small groups: share the parent's buffers and channels */
+    blocking_begin("ncclCommSplit");
+    NCCL_CHECK(ncclCommSplit(parent->nccl, color_n, key, &n, &config));
+    blocking_end();
+    if (n)
+      remember(n);
+  }
   if (m == MPI_COMM_NULL)
     return NULL;
   ff_group *g = malloc(sizeof *g);
@@ -173,23 +235,14 @@ static ff_group *split(ff_group *parent, int color, int key) {
     die("split", "out of memory");
   g->mpi = m;
   g->nccl = n;
-  if (n)
-    remember(n);
   return g;
 }
 
+/* The NCCL communicator stays until finalize: destroying it here could wait on peers that have
+ * stopped on an error, and it is one of the watchdog's. */
 static void release(ff_group *g) {
   if (!g || g == &nc.world)
     return;
-  if (g->nccl) {
-    pthread_mutex_lock(&nc.lock);
-    for (int i = 0; i < nc.n_comms; i++)
-      if (nc.comms[i] == g->nccl)
-        nc.comms[i] = nc.comms[--nc.n_comms];
-    pthread_mutex_unlock(&nc.lock);
-    CUDA_CHECK(cudaStreamSynchronize(nc.stream));
-    ncclCommDestroy(g->nccl);
-  }
   MPI_Comm_free(&g->mpi);
   free(g);
 }
@@ -201,8 +254,8 @@ static void allreduce(ff_group *g, void *buf, int64_t n, MPI_Datatype mt, ncclDa
   if (n <= 0)
     return;
   if (g->nccl && on_device(buf)) {
-    NCCL_CHECK(ncclAllReduce(buf, buf, (size_t)n, nt, nop, g->nccl, nc.stream));
-    issued();
+    NCCL_CHECK(ncclAllReduce(buf, buf, (size_t)n, nt, nop, g->nccl, nc.rings[COMPUTE].stream));
+    issued(COMPUTE);
     return;
   }
   ff_mpi_allreduce(g->mpi, buf, n, mt, elem, mop);
@@ -220,10 +273,54 @@ static void allreduce_sum_f64(ff_group *g, double *buf, int64_t n) {
   allreduce(g, buf, n, MPI_DOUBLE, ncclFloat64, sizeof(double), MPI_SUM, ncclSum);
 }
 
+/* A device sum on the DP stream after everything the compute stream holds now; the request's
+ * event marks its end. */
+static ff_request *iallreduce_sum(ff_group *g, float *buf, int64_t n) {
+  if (!g->nccl || !on_device(buf))
+    return ff_mpi_iallreduce_sum(g->mpi, buf, n);
+  ff_request *r = calloc(1, sizeof *r);
+  cudaEvent_t ready, done;
+  if (!r)
+    die("iallreduce_sum", "out of memory");
+  CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(ready, nc.rings[COMPUTE].stream));
+  CUDA_CHECK(cudaStreamWaitEvent(nc.rings[DP].stream, ready, 0));
+  CUDA_CHECK(cudaEventDestroy(ready)); /* released once the wait is done */
+  if (n > 0)
+    NCCL_CHECK(ncclAllReduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, g->nccl,
+                             nc.rings[DP].stream));
+  issued(DP);
+  CUDA_CHECK(cudaEventRecord(done, nc.rings[DP].stream));
+  r->event = done;
+  r->mpi = &r->one;
+  return r;
+}
+
+static bool test(ff_request *r) {
+  if (!r || !r->event)
+    return ff_mpi_test(r);
+  cudaError_t e = cudaEventQuery((cudaEvent_t)r->event);
+  if (e != cudaSuccess && e != cudaErrorNotReady)
+    die("a gradient sum failed on the GPU", cudaGetErrorString(e));
+  return e == cudaSuccess;
+}
+
+/* A device request: what the compute stream does next follows the sum; the host goes on. */
+static void wait(ff_request *r) {
+  if (!r || !r->event) {
+    ff_mpi_wait(r);
+    return;
+  }
+  CUDA_CHECK(cudaStreamWaitEvent(nc.rings[COMPUTE].stream, (cudaEvent_t)r->event, 0));
+  CUDA_CHECK(cudaEventDestroy((cudaEvent_t)r->event));
+  free(r);
+}
+
 static void allgather(ff_group *g, const void *mine, void *all, size_t bytes) {
   if (g->nccl && on_device(all)) {
-    NCCL_CHECK(ncclAllGather(mine, all, bytes, ncclChar, g->nccl, nc.stream));
-    issued();
+    NCCL_CHECK(ncclAllGather(mine, all, bytes, ncclChar, g->nccl, nc.rings[COMPUTE].stream));
+    issued(COMPUTE);
     return;
   }
   MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, g->mpi);
@@ -231,8 +328,9 @@ static void allgather(ff_group *g, const void *mine, void *all, size_t bytes) {
 
 static void reduce_scatter_sum(ff_group *g, const float *send, float *recv, int64_t n) {
   if (g->nccl && on_device(recv)) {
-    NCCL_CHECK(ncclReduceScatter(send, recv, (size_t)n, ncclFloat32, ncclSum, g->nccl, nc.stream));
-    issued();
+    NCCL_CHECK(ncclReduceScatter(send, recv, (size_t)n, ncclFloat32, ncclSum, g->nccl,
+                                 nc.rings[COMPUTE].stream));
+    issued(COMPUTE);
     return;
   }
   MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, g->mpi);
@@ -240,38 +338,78 @@ static void reduce_scatter_sum(ff_group *g, const float *send, float *recv, int6
 
 static void bcast(ff_group *g, void *buf, size_t bytes, int root) {
   if (g->nccl && on_device(buf)) {
-    NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclChar, root, g->nccl, nc.stream));
-    issued();
+    NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclChar, root, g->nccl, nc.rings[COMPUTE].stream));
+    issued(COMPUTE);
     return;
   }
   MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g->mpi);
 }
 
 /* Point to point: the executor stages activations in host memory and MPI carries them
- * (ff_mpi_isend, ff_mpi_recv, ff_mpi_wait in the table below). */
+ * (ff_mpi_isend, ff_mpi_recv in the table below), so there is nothing to group. */
+static void group_nothing(void) {}
 
-static void group_start(void) { NCCL_CHECK(ncclGroupStart()); }
-static void group_end(void) { NCCL_CHECK(ncclGroupEnd()); }
+/* MPI_Abort ends every rank at once; the GPUs are released with the processes. */
+static void abort_job(int status) { MPI_Abort(MPI_COMM_WORLD, status); }
 
-static void abort_job(int status) {
+/* After the last collective, on every rank: let the streams drain, destroy the communicators
+ * (newest first: splits before their parents), stop the watchdog. */
+static void finalize(void) {
+  if (!nc.ready)
+    return;
+  blocking_begin("the final synchronisation");
+  for (int i = 0; i < RINGS; i++)
+    CUDA_CHECK(cudaStreamSynchronize(nc.rings[i].stream));
   pthread_mutex_lock(&nc.lock);
-  for (int i = 0; i < nc.n_comms; i++)
-    ncclCommAbort(nc.comms[i]);
-  nc.n_comms = 0;
+  int n = nc.n_comms;
+  nc.n_comms = 0; /* the watchdog no longer asks them */
   pthread_mutex_unlock(&nc.lock);
-  MPI_Abort(MPI_COMM_WORLD, status);
+  for (int i = n - 1; i >= 0; i--) {
+    NCCL_CHECK(ncclCommFinalize(nc.comms[i]));
+    NCCL_CHECK(ncclCommDestroy(nc.comms[i]));
+  }
+  blocking_end();
+  pthread_mutex_lock(&nc.lock);
+  nc.stop = true;
+  pthread_mutex_unlock(&nc.lock);
+  if (nc.watching)
+    pthread_join(nc.watchdog, NULL);
+  for (int i = 0; i < RINGS; i++)
+    for (int j = 0; j < PENDING; j++)
+      cudaEventDestroy(nc.rings[i].done[j]);
+  cudaStreamDestroy(nc.rings[DP].stream);
+  free(nc.comms);
+  nc.comms = NULL;
+  nc.ready = false;
 }
 
 static const ff_comm_backend nccl_backend = {
     "nccl", true, world, rank, size, split, release, allreduce_sum, allreduce_max,
-    allreduce_sum_f64, allgather, reduce_scatter_sum, bcast, ff_mpi_isend, ff_mpi_recv,
-    ff_mpi_wait, group_start, group_end, abort_job};
+    allreduce_sum_f64, iallreduce_sum, test, allgather, reduce_scatter_sum, bcast, ff_mpi_isend,
+    ff_mpi_recv, wait, group_nothing, group_nothing, abort_job, finalize};
+
+/* The per-rank preparations that can fail (events, the DP stream, the watchdog); NULL or why. */
+static const char *prepare(void) {
+  cudaGetDevice(&nc.device);
+  nc.rings[COMPUTE].stream = (cudaStream_t)ff_kernels_cuda_stream();
+  if (cudaStreamCreateWithFlags(&nc.rings[DP].stream, cudaStreamNonBlocking) != cudaSuccess)
+    return "cudaStreamCreate failed";
+  for (int i = 0; i < RINGS; i++)
+    for (int j = 0; j < PENDING; j++)
+      if (cudaEventCreateWithFlags(&nc.rings[i].done[j], cudaEventDisableTiming) != cudaSuccess)
+        return "cudaEventCreate failed";
+  const char *t = getenv("FF_NCCL_TIMEOUT_S");
+  nc.timeout_s = t && atof(t) > 0 ? atof(t) : 600;
+  if (pthread_create(&nc.watchdog, NULL, watch, NULL) != 0)
+    return "the watchdog thread cannot start";
+  nc.watching = true;
+  return NULL;
+}
 
 const ff_comm_backend *ff_comm_nccl(const ff_kernels *k, char *why, size_t why_cap) {
   if (nc.ready)
     return &nccl_backend;
-  nc.stream = (cudaStream_t)ff_kernels_cuda_stream();
-  if (!k || k->host_memory || !nc.stream) {
+  if (!k || k->host_memory || !ff_kernels_cuda_stream()) {
     snprintf(why, why_cap, "the NCCL backend needs the CUDA compute backend");
     return NULL;
   }
@@ -279,17 +417,25 @@ const ff_comm_backend *ff_comm_nccl(const ff_kernels *k, char *why, size_t why_c
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   nc.rank = me;
+  /* Every step that can fail on one rank is agreed on by all before the next collective one, so
+   * no rank waits in NCCL for a rank that has given up. */
+  const char *failed = prepare();
   ncclUniqueId id;
-  ncclResult_t st = me == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
-  int ok = st == ncclSuccess;
-  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  ncclResult_t st = ncclSuccess;
+  if (!failed && me == 0 && (st = ncclGetUniqueId(&id)) != ncclSuccess)
+    failed = ncclGetErrorString(st);
+  int ok = !failed;
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!ok) {
-    snprintf(why, why_cap, "ncclGetUniqueId failed on rank 0: %s", ncclGetErrorString(st));
-    return NULL;
+    snprintf(why, why_cap, "%s%s", failed ? "" : "another rank could not prepare NCCL",
+             failed ? failed : "");
+    return NULL; /* the caller ends the job or falls back to MPI; the watchdog has nothing to watch */
   }
   MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
   ncclComm_t world_comm = NULL;
+  blocking_begin("ncclCommInitRank");
   st = ncclCommInitRank(&world_comm, n, id, me);
+  blocking_end();
   ok = st == ncclSuccess;
   MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!ok) {
@@ -297,22 +443,12 @@ const ff_comm_backend *ff_comm_nccl(const ff_kernels *k, char *why, size_t why_c
              "mpi to share a GPU)", st != ncclSuccess ? ": " : " on another rank",
              st != ncclSuccess ? ncclGetErrorString(st) : "");
     if (world_comm)
-      ncclCommDestroy(world_comm);
+      ncclCommAbort(world_comm); /* the others have their own and give up alike */
     return NULL;
   }
-  cudaGetDevice(&nc.device);
-  for (int i = 0; i < PENDING; i++)
-    if (cudaEventCreateWithFlags(&nc.done[i], cudaEventDisableTiming) != cudaSuccess) {
-      snprintf(why, why_cap, "cudaEventCreate failed");
-      return NULL;
-    }
-  const char *t = getenv("FF_NCCL_TIMEOUT_S");
-  nc.timeout_s = t && atof(t) > 0 ? atof(t) : 600;
   nc.world.mpi = MPI_COMM_WORLD;
   nc.world.nccl = world_comm;
   remember(world_comm);
-  if (pthread_create(&nc.watchdog, NULL, watch, NULL) == 0)
-    pthread_detach(nc.watchdog);
   nc.ready = true;
   return &nccl_backend;
 }

@@ -30,8 +30,6 @@
 #include "model.h"
 #include "signals.h"
 
-#define MAX_SEG_GROUPS 4096
-
 typedef struct seg {
   int desc;             /* index into the global list of logical tensors */
   int tensor;           /* my tensor index, or -1 when I do not hold the segment */
@@ -41,7 +39,23 @@ typedef struct seg {
   float weight;         /* 1 / holders of the segment in my pipeline */
   bool norm_owner;      /* I count it in the global gradient norm (pipeline 0, lowest TP) */
   int owner;            /* world rank that sends it for checkpoints */
+  int cache;            /* its group's index in the group cache (-1: no group) */
+  int bucket;           /* its layer; the layer count for the final norm and LM head; -1 for
+                           the embedding: gradients become final bucket by bucket, highest first */
 } seg;
+
+/* One sum started during the backward: the segments of one bucket that share one group, summed
+ * in one call. Every member of the group holds all of them, so every member makes the same list,
+ * and lists ordered by (bucket descending, group ascending) are started in the same order by
+ * every rank. */
+typedef struct dp_sum {
+  int bucket, cache;
+  int first, count;   /* its segments: sum_segs[first, first + count), in reverse global order */
+  bool in_place;      /* back to back in every member's block: summed where they are */
+  int64_t start, n;   /* in place: the range of sums_on; else: where they are packed */
+  ff_request *req;
+  bool started;
+} dp_sum;
 
 typedef struct group_cache {
   char *key;
@@ -65,8 +79,8 @@ typedef struct dist {
   int n_segs;
   struct tensor_desc *tds;
   int n_tds;
-  group_cache cache[MAX_SEG_GROUPS];
-  int n_cache;
+  group_cache *cache; /* every holder set met, in the order every rank meets them */
+  int n_cache, cap_cache;
   float *send_fwd, *send_bwd, *recv_buf;
   ff_request **req_fwd, **req_bwd; /* per slot × receivers */
   int n_prev, n_next;
@@ -81,6 +95,22 @@ typedef struct dist {
    * for the TP collectives (page-locked, tokens × max(hidden, ...) floats), host_block for the
    * gradient sums and checkpoints (n_params floats). Both NULL on the CPU backend. */
   float *tp_stage, *host_block;
+  /* The gradient sums, started bucket by bucket (a layer's tensors, the head's, the embedding's)
+   * as the last micro-batch's backward finishes them, and waited for at the end of the step. They
+   * work on `sums_on`: the gradient block itself when the communication backend takes its memory
+   * (the CPU backend; NCCL on the GPU), else its host copy host_block. Sums whose segments are not
+   * back to back there are packed into `packed` (same memory kind); packed_at[segment] is where
+   * (-1: not packed). */
+  bool dp_device;
+  float *sums_on, *packed;
+  int64_t *packed_at;
+  dp_sum *sums;
+  int n_sums;
+  int *sum_segs;
+  float *kv_full;     /* shared kv heads: a whole wk/wv gradient (memory of sums_on's kind) */
+  const char *nonfinite; /* this step's first tensor whose own gradient was not finite */
+  int64_t step;       /* the step being run (the NaN test hook fires on its first bucket) */
+  bool first_bucket;
 } dist;
 
 static double now(void);
@@ -90,6 +120,9 @@ static double now(void);
 /* The TP collectives of the model code, on backend memory: through tp_stage when the host cannot
  * touch it (the MPI backend reads host memory only). */
 static void tp_collective(dist *d, float *buf, int64_t n, bool sum) {
+  bool async = !d->tp_stage && !d->k->host_memory; /* NCCL on the compute stream */
+  if (async)
+    d->k->sync(); /* the kernels before the collective are compute, not TP time */
   double t = now();
   float *host = d->tp_stage ? d->tp_stage : buf;
   if (d->tp_stage)
@@ -100,15 +133,16 @@ static void tp_collective(dist *d, float *buf, int64_t n, bool sum) {
     d->c->allreduce_max(d->tp, host, n);
   if (d->tp_stage)
     d->k->to_device(buf, host, (size_t)n * sizeof *buf);
+  if (async)
+    d->k->sync(); /* and waiting for the collective is TP time, not compute */
   d->t_tp += now() - t;
 }
 
 static void tp_sum(void *ctx, float *buf, int64_t n) { tp_collective(ctx, buf, n, true); }
 static void tp_max(void *ctx, float *buf, int64_t n) { tp_collective(ctx, buf, n, false); }
 
-/* A block of backend memory (grads, params, m, v) where the host can read and write it (the
- * gradient sums run on this host copy through MPI, with either communication backend): itself on
- * the CPU backend, else a copy in host_block (written back by host_block_put). */
+/* A block of backend memory (params, m, v) where the host can read it for a checkpoint: itself
+ * on the CPU backend, else a copy in host_block. */
 static float *host_block_get(dist *d, float *block) {
   if (!d->host_block)
     return block;
@@ -116,10 +150,6 @@ static float *host_block_get(dist *d, float *block) {
   return d->host_block;
 }
 
-static void host_block_put(dist *d, float *block) {
-  if (d->host_block)
-    d->k->to_device(block, d->host_block, (size_t)d->mr.n_params * sizeof *block);
-}
 
 /* ---- roles and slices ------------------------------------------------------------------- */
 
@@ -203,21 +233,32 @@ static int all_tensors(const ff_model *m, tensor_desc *out) {
 
 /* ---- segments and their groups ---------------------------------------------------------- */
 
-static ff_group *group_for(dist *d, const int *members, int n, bool mine) {
+static ff_group *group_for(dist *d, const int *members, int n, bool mine, int *index) {
   char key[4096];
   size_t j = 0;
   for (int i = 0; i < n && j + 12 < sizeof key; i++)
     j += (size_t)snprintf(key + j, sizeof key - j, "%d,", members[i]);
   for (int i = 0; i < d->n_cache; i++)
-    if (strcmp(d->cache[i].key, key) == 0)
+    if (strcmp(d->cache[i].key, key) == 0) {
+      *index = i;
       return d->cache[i].group;
-  /* every rank reaches this point for the same keys in the same order */
-  ff_group *g = d->c->split(d->world, mine ? 0 : -1, d->rank);
-  if (d->n_cache < MAX_SEG_GROUPS) {
-    d->cache[d->n_cache].key = strdup(key);
-    d->cache[d->n_cache].group = g;
-    d->n_cache++;
+    }
+  if (d->n_cache == d->cap_cache) {
+    int cap = d->cap_cache ? 2 * d->cap_cache : 64;
+    group_cache *more = realloc(d->cache, (size_t)cap * sizeof *more);
+    if (!more)
+      d->c->abort(1);
+    d->cache = more;
+    d->cap_cache = cap;
   }
+  /* every rank reaches this point for the same keys in the same order */
+  ff_group *g = d->c->split(d->world, mine ? 0 : -1, d->rank,
+                            d->c->device_buffers && !d->k->host_memory);
+  d->cache[d->n_cache].key = strdup(key);
+  d->cache[d->n_cache].group = g;
+  if (!d->cache[d->n_cache].key)
+    d->c->abort(1);
+  *index = d->n_cache++;
   return g;
 }
 
@@ -269,7 +310,9 @@ static void add_segments(dist *d, int desc, int *members, int64_t *cuts) {
     sg->weight = in_my_pipe > 0 ? 1.0f / (float)in_my_pipe : 1.0f;
     sg->norm_owner = owner == d->rank;
     sg->owner = owner;
-    sg->group = n > 1 ? group_for(d, members, n, member) : NULL;
+    sg->cache = -1;
+    sg->group = n > 1 ? group_for(d, members, n, member, &sg->cache) : NULL;
+    sg->bucket = td->kind == 0 ? (int)td->layer : td->kind == 2 ? (int)plan->model.layers : -1;
   }
 }
 
@@ -318,49 +361,312 @@ static int64_t seg_pack(const dist *d, const seg *sg, float *base, float *buf, b
   return pack(&d->mr.tensors[sg->tensor], sg, base, buf, out, w);
 }
 
-/* kv heads shared by two ranks' query heads: each holds a partial gradient of their rows. */
-static void sum_shared_kv(dist *d, float *grads, float *buf) {
-  const ff_plan_stage *st = d->st;
-  bool shared = false;
+/* Where a segment of tensor t starts in its block, how many rows of how many floats it has, and
+ * the row stride there. */
+typedef struct seg_shape {
+  int64_t start, rows, width, stride;
+} seg_shape;
+
+static seg_shape shape_of(const ff_tensor *t, const seg *sg) {
+  int64_t stride = t->col_end - t->col_first;
+  int64_t r0 = sg->cols ? t->row_first : sg->a, r1 = sg->cols ? t->row_end : sg->b;
+  int64_t c0 = sg->cols ? sg->a : t->col_first, c1 = sg->cols ? sg->b : t->col_end;
+  return (seg_shape){t->offset + (r0 - t->row_first) * stride + (c0 - t->col_first), r1 - r0,
+                     c1 - c0, stride};
+}
+
+static bool contiguous(seg_shape sh) { return sh.width == sh.stride || sh.rows <= 1; }
+
+/* Does the stage share kv heads between TP ranks (each then holds a partial gradient of them)? */
+static bool shares_kv(const ff_plan_stage *st) {
   for (int i = 1; i < st->n_ranks; i++)
-    shared |= st->ranks[i].kv_heads.first < st->ranks[i - 1].kv_heads.end;
-  if (!shared)
+    if (st->ranks[i].kv_heads.first < st->ranks[i - 1].kv_heads.end)
+      return true;
+  return false;
+}
+
+static bool is_kv(const ff_tensor *t) {
+  size_t len = strlen(t->name);
+  return len >= 3 && (strcmp(t->name + len - 3, ".wk") == 0 || strcmp(t->name + len - 3, ".wv") == 0);
+}
+
+/* kv heads shared by two ranks' query heads: the TP group sums the whole tensor, each rank
+ * having placed its rows. */
+static void sum_shared_kv(dist *d, const ff_tensor *t) {
+  int64_t full = t->rows * t->cols;
+  float *g = d->sums_on + t->offset, *at = d->kv_full + t->row_first * t->cols;
+  if (d->dp_device) {
+    d->k->zero(d->kv_full, (size_t)full * sizeof(float));
+    d->k->copy_rows(at, t->numel, g, t->numel, t->numel, 1);
+  } else {
+    memset(d->kv_full, 0, (size_t)full * sizeof(float));
+    memcpy(at, g, (size_t)t->numel * sizeof(float));
+  }
+  d->c->allreduce_sum(d->tp, d->kv_full, full);
+  if (d->dp_device)
+    d->k->copy_rows(g, t->numel, at, t->numel, t->numel, 1);
+  else
+    memcpy(g, at, (size_t)t->numel * sizeof(float));
+}
+
+/* x[0, n) *= w, on the memory the sums work on. */
+static void scale_range(dist *d, float *x, int64_t n, float w) {
+  if (w == 1.0f)
     return;
-  for (int i = 0; i < d->mr.n_tensors; i++) {
-    const ff_tensor *t = &d->mr.tensors[i];
-    size_t len = strlen(t->name);
-    if (len < 3 || (strcmp(t->name + len - 3, ".wk") != 0 && strcmp(t->name + len - 3, ".wv") != 0))
-      continue;
-    int64_t full = t->rows * t->cols;
-    memset(buf, 0, (size_t)full * sizeof *buf);
-    memcpy(buf + t->row_first * t->cols, grads + t->offset, (size_t)t->numel * sizeof *buf);
-    d->c->allreduce_sum(d->tp, buf, full);
-    memcpy(grads + t->offset, buf + t->row_first * t->cols, (size_t)t->numel * sizeof *buf);
+  if (d->dp_device) {
+    d->k->scale(x, w, n);
+  } else {
+    for (int64_t j = 0; j < n; j++)
+      x[j] *= w;
   }
 }
 
-/* Sum every segment over its holders; returns this rank's share of Σ g² (counted once). */
-static double sync_gradients(dist *d, float *buf) {
-  float *grads = host_block_get(d, d->mr.grads);
-  sum_shared_kv(d, grads, buf);
-  double sumsq = 0;
-  for (int i = 0; i < d->n_segs; i++) {
-    seg *sg = &d->segs[i];
-    if (sg->tensor < 0)
-      continue;
-    if (sg->group) {
-      int64_t n = seg_pack(d, sg, grads, buf, true, sg->weight);
-      d->c->allreduce_sum(sg->group, buf, n);
-      seg_pack(d, sg, grads, buf, false, 1.0f);
-    }
-    if (sg->norm_owner) {
-      int64_t n = seg_pack(d, sg, grads, buf, true, 1.0f);
-      for (int64_t j = 0; j < n; j++)
-        sumsq += (double)buf[j] * buf[j];
-    }
+/* A segment between its place in sums_on and a packed copy (to the copy when out). */
+static void move_rows(dist *d, seg_shape sh, float *packed, bool out) {
+  float *at = d->sums_on + sh.start;
+  if (d->dp_device) {
+    if (out)
+      d->k->copy_rows(packed, sh.width, at, sh.stride, sh.width, sh.rows);
+    else
+      d->k->copy_rows(at, sh.stride, packed, sh.width, sh.width, sh.rows);
+    return;
   }
-  host_block_put(d, d->mr.grads);
+  for (int64_t r = 0; r < sh.rows; r++) {
+    if (out)
+      memcpy(packed + r * sh.width, at + r * sh.stride, (size_t)sh.width * sizeof *at);
+    else
+      memcpy(at + r * sh.stride, packed + r * sh.width, (size_t)sh.width * sizeof *at);
+  }
+}
+
+static seg_shape shape_at(const dist *d, int i) {
+  return shape_of(&d->mr.tensors[d->segs[i].tensor], &d->segs[i]);
+}
+
+/* Start one sum: its segments weighted by 1/holders in my pipeline, where they are or packed. */
+static void start_sum(dist *d, dp_sum *ds) {
+  for (int j = 0; j < ds->count; j++) {
+    int i = d->sum_segs[ds->first + j];
+    seg_shape sh = shape_at(d, i);
+    float *at = d->sums_on + sh.start;
+    if (!ds->in_place) {
+      at = d->packed + d->packed_at[i];
+      move_rows(d, sh, at, true);
+    }
+    scale_range(d, at, sh.rows * sh.width, d->segs[i].weight);
+  }
+  float *buf = ds->in_place ? d->sums_on + ds->start : d->packed + ds->start;
+  ds->req = d->c->iallreduce_sum(d->cache[ds->cache].group, buf, ds->n);
+  ds->started = true;
+}
+
+/* The bucket of a hook's tensors [first, ...) (see ff_model_rank.grads_final). */
+static int bucket_of(const dist *d, int first) {
+  int e = d->mr.spec.embedding ? 1 : 0;
+  if (e && first == 0)
+    return -1;
+  if (first >= e + d->mr.n_layers * 9)
+    return (int)d->plan->model.layers;
+  return (int)(d->mr.spec.layer_first + (first - e) / 9);
+}
+
+/* The model's hook: tensors [first, first + n) of this rank have their final gradients for the
+ * step. Look for a non-finite value before anything is summed (so the rank that produced it is
+ * named), then start the bucket's sums, in the list's order. Buckets come highest first on every
+ * rank, so every rank starts its sums in one global order, (bucket descending, group ascending),
+ * and the members of any group start theirs alike: no two groups can wait on each other. */
+static void grads_final(void *ctx, int first, int n) {
+  dist *d = ctx;
+  const ff_tensor *T = d->mr.tensors;
+  if (!d->nonfinite) /* local work: counted as compute */
+    d->nonfinite = ff_nonfinite_gradient(d->k, d->mr.grads, T + first, n,
+                                         d->first_bucket ? d->step : 0);
+  d->first_bucket = false;
+  double t0 = now();
+  if (d->sums_on != d->mr.grads) { /* the host copy of the bucket */
+    int64_t a = T[first].offset, b = T[first + n - 1].offset + T[first + n - 1].numel;
+    d->k->to_host(d->sums_on + a, d->mr.grads + a, (size_t)(b - a) * sizeof(float));
+  }
+  if (d->kv_full)
+    for (int i = first; i < first + n; i++)
+      if (is_kv(&T[i]))
+        sum_shared_kv(d, &T[i]);
+  int bucket = bucket_of(d, first);
+  for (int i = 0; i < d->n_sums; i++) {
+    if (d->sums[i].bucket == bucket && !d->sums[i].started)
+      start_sum(d, &d->sums[i]);
+    else if (d->sums[i].started) /* let the sums started before move on */
+      d->c->test(d->sums[i].req);
+  }
+  d->t_dp += now() - t0;
+}
+
+/* Σ g² over a segment of the summed gradients. */
+static double seg_sumsq(dist *d, int i) {
+  seg *sg = &d->segs[i];
+  seg_shape sh = shape_of(&d->mr.tensors[sg->tensor], sg);
+  const float *at = d->sums_on + sh.start;
+  if (d->dp_device) {
+    if (contiguous(sh))
+      return d->k->sum_squares(at, sh.rows * sh.width);
+    float *to = d->packed + d->packed_at[i];
+    if (!sg->group) /* packed only for the norm */
+      d->k->copy_rows(to, sh.width, at, sh.stride, sh.width, sh.rows);
+    return d->k->sum_squares(to, sh.rows * sh.width);
+  }
+  double sum = 0;
+  for (int64_t r = 0; r < sh.rows; r++)
+    for (int64_t c = 0; c < sh.width; c++)
+      sum += (double)at[r * sh.stride + c] * at[r * sh.stride + c];
+  return sum;
+}
+
+/* Wait for the step's sums, put packed segments back, and return this rank's share of Σ g²
+ * (each element counted once over the world). */
+static double finish_gradients(dist *d) {
+  for (int k = 0; k < d->n_sums; k++) {
+    dp_sum *ds = &d->sums[k];
+    if (!ds->started) { /* a bucket the model never reported: a bug, not an input */
+      fprintf(stderr, "ffrun: rank %d: internal error: the gradient sum of bucket %d never "
+              "started\n", d->rank, ds->bucket);
+      d->c->abort(1);
+    }
+    d->c->wait(ds->req);
+    ds->req = NULL;
+    ds->started = false;
+    if (!ds->in_place)
+      for (int j = 0; j < ds->count; j++) {
+        int i = d->sum_segs[ds->first + j];
+        move_rows(d, shape_at(d, i), d->packed + d->packed_at[i], false);
+      }
+  }
+  double sumsq = 0;
+  for (int i = 0; i < d->n_segs; i++)
+    if (d->segs[i].tensor >= 0 && d->segs[i].norm_owner)
+      sumsq += seg_sumsq(d, i);
+  if (d->sums_on != d->mr.grads)
+    d->k->to_device(d->mr.grads, d->sums_on, (size_t)d->mr.n_params * sizeof(float));
   return sumsq;
+}
+
+static const dist *sort_dist; /* qsort has no context argument */
+
+/* (bucket descending, group ascending, segment descending): the order sums start in. */
+static int cmp_sum_order(const void *pa, const void *pb) {
+  const seg *a = &sort_dist->segs[*(const int *)pa], *b = &sort_dist->segs[*(const int *)pb];
+  if (a->bucket != b->bucket)
+    return a->bucket > b->bucket ? -1 : 1;
+  if (a->cache != b->cache)
+    return a->cache < b->cache ? -1 : 1;
+  return *(const int *)pa > *(const int *)pb ? -1 : 1;
+}
+
+/* Whether a sum's segments lie back to back in my block, in global order (which is block order). */
+static bool back_to_back(const dist *d, const dp_sum *ds, int64_t *start) {
+  int64_t next = -1;
+  for (int j = ds->count - 1; j >= 0; j--) { /* ascending global order */
+    seg_shape sh = shape_at(d, d->sum_segs[ds->first + j]);
+    if (!contiguous(sh) || (next >= 0 && sh.start != next))
+      return false;
+    if (next < 0)
+      *start = sh.start;
+    next = sh.start + sh.rows * sh.width;
+  }
+  return true;
+}
+
+/* The list of sums, and whether each may run in place: only when its segments are back to back
+ * in every member's block (members hold the same segments but may lay them out differently), so
+ * the members of each group agree by a sum of their flags, group by group in cache order. */
+static ff_status plan_sums(dist *d) {
+  int mine = 0;
+  for (int i = 0; i < d->n_segs; i++)
+    mine += d->segs[i].tensor >= 0 && d->segs[i].group != NULL;
+  d->sum_segs = malloc((size_t)(mine + 1) * sizeof *d->sum_segs);
+  d->sums = calloc((size_t)mine + 1, sizeof *d->sums);
+  float *flags = malloc((size_t)(mine + 1) * sizeof *flags);
+  if (!d->sum_segs || !d->sums || !flags) {
+    free(flags);
+    return FF_ERR_RUNTIME;
+  }
+  int n = 0;
+  for (int i = 0; i < d->n_segs; i++)
+    if (d->segs[i].tensor >= 0 && d->segs[i].group)
+      d->sum_segs[n++] = i;
+  sort_dist = d;
+  qsort(d->sum_segs, (size_t)n, sizeof *d->sum_segs, cmp_sum_order);
+  for (int j = 0; j < n; j++) {
+    const seg *sg = &d->segs[d->sum_segs[j]];
+    dp_sum *last = d->n_sums ? &d->sums[d->n_sums - 1] : NULL;
+    if (last && last->bucket == sg->bucket && last->cache == sg->cache) {
+      last->count++;
+      continue;
+    }
+    d->sums[d->n_sums++] = (dp_sum){sg->bucket, sg->cache, j, 1, false, 0, 0, NULL, false};
+  }
+  for (int g = 0; g < d->n_cache; g++) { /* the members of group g agree on in_place */
+    if (!d->cache[g].group)
+      continue;
+    int k = 0;
+    for (int q = 0; q < d->n_sums; q++)
+      if (d->sums[q].cache == g)
+        flags[k++] = back_to_back(d, &d->sums[q], &d->sums[q].start) ? 1.0f : 0.0f;
+    d->c->allreduce_sum(d->cache[g].group, flags, k);
+    k = 0;
+    float members = (float)d->c->size(d->cache[g].group);
+    for (int q = 0; q < d->n_sums; q++)
+      if (d->sums[q].cache == g)
+        d->sums[q].in_place = flags[k++] == members;
+  }
+  free(flags);
+  return FF_OK;
+}
+
+/* Memory for the sums: where they run, the packing area, the shared-kv buffer, the lists. */
+static ff_status setup_sums(dist *d) {
+  d->dp_device = d->c->device_buffers && !d->k->host_memory;
+  d->sums_on = d->dp_device || d->k->host_memory ? d->mr.grads : d->host_block;
+  d->packed_at = malloc((size_t)(d->n_segs + 1) * sizeof *d->packed_at);
+  if (!d->packed_at || plan_sums(d) != FF_OK)
+    return FF_ERR_RUNTIME;
+  for (int i = 0; i < d->n_segs; i++)
+    d->packed_at[i] = -1;
+  int64_t packed = 0, kv = 0;
+  for (int k = 0; k < d->n_sums; k++) {
+    dp_sum *ds = &d->sums[k];
+    if (!ds->in_place)
+      ds->start = packed;
+    for (int j = 0; j < ds->count; j++) {
+      int i = d->sum_segs[ds->first + j];
+      seg_shape sh = shape_at(d, i);
+      if (!ds->in_place)
+        d->packed_at[i] = ds->start + ds->n;
+      ds->n += sh.rows * sh.width;
+    }
+    if (!ds->in_place)
+      packed += ds->n;
+  }
+  for (int i = 0; i < d->n_segs; i++) /* on the device the norm needs a segment contiguous too */
+    if (d->dp_device && d->segs[i].tensor >= 0 && !d->segs[i].group && d->segs[i].norm_owner &&
+        !contiguous(shape_at(d, i))) {
+      d->packed_at[i] = packed;
+      packed += shape_at(d, i).rows * shape_at(d, i).width;
+    }
+  if (shares_kv(d->st))
+    for (int i = 0; i < d->mr.n_tensors; i++)
+      if (is_kv(&d->mr.tensors[i]) && d->mr.tensors[i].rows * d->mr.tensors[i].cols > kv)
+        kv = d->mr.tensors[i].rows * d->mr.tensors[i].cols;
+  if (packed > 0)
+    d->packed = d->dp_device ? d->k->alloc((size_t)packed * sizeof(float))
+                             : malloc((size_t)packed * sizeof(float));
+  if (kv > 0)
+    d->kv_full = d->dp_device ? d->k->alloc((size_t)kv * sizeof(float))
+                              : malloc((size_t)kv * sizeof(float));
+  if ((packed > 0 && !d->packed) || (kv > 0 && !d->kv_full))
+    return FF_ERR_RUNTIME;
+  d->mr.grads_final = grads_final;
+  d->mr.grads_ctx = d;
+  return FF_OK;
 }
 
 /* ---- stage boundaries ------------------------------------------------------------------- */
@@ -397,6 +703,17 @@ static void recv_from(dist *d, const ff_plan_stage *from, float *buf, int64_t n,
   d->t_p2p += now() - t0;
 }
 
+/* MPI promises tags up to 32767 only. Messages from one rank to another with the same tag stay
+ * in order, and both sides go through them in order, so tags may wrap around: activations and
+ * their gradients take [0, 16384), checkpoint pieces [16384, 32768). */
+static int p2p_tag(int64_t micro_batch, int backward) {
+  return (int)((micro_batch * 2 + backward) % 16384);
+}
+
+static int checkpoint_tag(int segment, int block) {
+  return 16384 + (int)(((int64_t)segment * 3 + block) % 16384);
+}
+
 /* ---- one step --------------------------------------------------------------------------- */
 
 static int64_t warmup(int p, int s, int64_t m, ff_schedule sch) {
@@ -417,7 +734,7 @@ static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, doub
                        in + i * S, tg + i * S);
   const float *x_in = NULL;
   if (!d->st->embedding) {
-    recv_from(d, &d->pl->stages[d->s - 1], d->recv_buf, N * C, (int)(j * 2));
+    recv_from(d, &d->pl->stages[d->s - 1], d->recv_buf, N * C, p2p_tag(j, 0));
     x_in = d->recv_buf;
   }
   float *out = d->st->lm_head ? NULL : d->send_fwd + (int64_t)slot * N * C;
@@ -426,14 +743,15 @@ static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, doub
       d->c->wait(d->req_fwd[slot * d->n_next + r]);
       d->req_fwd[slot * d->n_next + r] = NULL;
     }
-  double t0 = now(), tp0 = d->t_tp;
+  double t0 = now(), tp0 = d->t_tp, dp0 = d->t_dp;
+  d->mr.last_micro_batch = j == d->pl->micro_batches - 1; /* the head's gradients are final */
   ff_model_rank_forward(&d->mr, slot, b, in, x_in, tg, grad_scale, out, loss);
   d->k->sync(); /* an asynchronous backend has finished the work only now */
-  double spent = now() - t0 - (d->t_tp - tp0);
+  double spent = now() - t0 - (d->t_tp - tp0) - (d->t_dp - dp0);
   ff_throttle(d->throttle, spent);
   d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);
   if (out)
-    send_to(d, &d->pl->stages[d->s + 1], out, N * C, (int)(j * 2), d->req_fwd + slot * d->n_next);
+    send_to(d, &d->pl->stages[d->s + 1], out, N * C, p2p_tag(j, 0), d->req_fwd + slot * d->n_next);
 }
 
 static void run_backward(dist *d, int64_t j) {
@@ -441,7 +759,7 @@ static void run_backward(dist *d, int64_t j) {
   int slot = (int)(j % d->mr.n_slots);
   const float *dx_in = NULL;
   if (!d->st->lm_head) {
-    recv_from(d, &d->pl->stages[d->s + 1], d->recv_buf, N * C, (int)(j * 2 + 1));
+    recv_from(d, &d->pl->stages[d->s + 1], d->recv_buf, N * C, p2p_tag(j, 1));
     dx_in = d->recv_buf;
   }
   float *out = d->st->embedding ? NULL : d->send_bwd + (int64_t)slot * N * C;
@@ -450,14 +768,15 @@ static void run_backward(dist *d, int64_t j) {
       d->c->wait(d->req_bwd[slot * d->n_prev + r]);
       d->req_bwd[slot * d->n_prev + r] = NULL;
     }
-  double t0 = now(), tp0 = d->t_tp;
+  double t0 = now(), tp0 = d->t_tp, dp0 = d->t_dp;
+  d->mr.last_micro_batch = j == d->pl->micro_batches - 1; /* gradients final, layer by layer */
   ff_model_rank_backward(&d->mr, slot, b, dx_in, out);
   d->k->sync(); /* an asynchronous backend has finished the work only now */
-  double spent = now() - t0 - (d->t_tp - tp0);
+  double spent = now() - t0 - (d->t_tp - tp0) - (d->t_dp - dp0);
   ff_throttle(d->throttle, spent);
   d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);
   if (out)
-    send_to(d, &d->pl->stages[d->s - 1], out, N * C, (int)(j * 2 + 1), d->req_bwd + slot * d->n_prev);
+    send_to(d, &d->pl->stages[d->s - 1], out, N * C, p2p_tag(j, 1), d->req_bwd + slot * d->n_prev);
 }
 
 /* The stage's operations in 1F1B (or GPipe) order; returns this rank's loss sum. */
@@ -493,13 +812,15 @@ static double now(void) {
 
 /* One step. Returns the loss; *bad counts the ranks whose own gradients were not finite (then
  * no rank updates its weights), each of which has said which tensor. */
-static double train_step(dist *d, int64_t step, float *buf, double *norm_out, double *lr_out,
-                         int *bad) {
+static double train_step(dist *d, int64_t step, double *norm_out, double *lr_out, int *bad) {
   const ff_training *t = &d->plan->training;
   d->t_compute = d->t_p2p = d->t_tp = d->t_dp = d->t_opt = 0;
   d->k->zero(d->mr.grads, (size_t)d->mr.n_params * sizeof(float));
-  double sums[3] = {run_schedule(d, step - 1), 0, 0};
-  const char *mine = ff_nonfinite_gradient(d->k, d->mr.grads, d->mr.tensors, d->mr.n_tensors, step);
+  d->step = step;
+  d->first_bucket = true;
+  d->nonfinite = NULL;
+  double sums[3] = {run_schedule(d, step - 1), 0, 0}; /* the gradient sums start in there */
+  const char *mine = d->nonfinite;
   if (mine)
     fprintf(stderr, "ffrun: step %lld: the gradient of %s is not finite on rank %d (pipeline %d, "
             "stage %d)\n", (long long)step, mine, d->rank, d->p, d->s);
@@ -512,9 +833,9 @@ static double train_step(dist *d, int64_t step, float *buf, double *norm_out, do
   sums[0] = both[0];
   sums[2] = both[1];
   double t0 = now();
-  sums[1] = sync_gradients(d, buf);
+  sums[1] = finish_gradients(d);
   d->c->allreduce_sum_f64(d->world, &sums[1], 1);
-  d->t_dp = now() - t0;
+  d->t_dp += now() - t0; /* with the time the sums took to start, in the backward */
   *bad = (int)sums[2];
   *lr_out = ff_learning_rate(t, step, t->steps);
   *norm_out = sqrt(sums[1]);
@@ -553,7 +874,7 @@ static ff_status save(dist *d, int64_t step, float *buf) {
     float *mine = host_block_get(d, blocks[w]);
     for (int i = 0; i < d->n_segs; i++) {
       seg *sg = &d->segs[i];
-      int tag = (1 << 24) + i * 3 + w;
+      int tag = checkpoint_tag(i, w);
       int64_t n = 0;
       if (sg->owner == d->rank) {
         n = seg_pack(d, sg, mine, buf, true, 1.0f);
@@ -702,7 +1023,7 @@ static ff_status setup(dist *d) {
   int64_t stage_id = 0;
   for (int q = 0; q < d->p; q++)
     stage_id += plan->pipelines[q].n_stages;
-  d->tp = d->c->split(d->world, (int)(stage_id + d->s), d->t);
+  d->tp = d->c->split(d->world, (int)(stage_id + d->s), d->t, d->c->device_buffers);
   d->tp_ops = (ff_tp_ops){d, d->st->n_ranks, tp_sum, tp_max};
   int slots = (int)ff_sim_in_flight(plan->training.schedule, d->pl->n_stages, d->s, d->pl->micro_batches);
   if (ff_model_rank_init(&d->mr, &plan->model, d->k, &spec, d->pl->micro_batch_size, slots) != FF_OK)
@@ -729,7 +1050,8 @@ static ff_status setup(dist *d) {
     if ((!d->c->device_buffers && !d->tp_stage) || !d->host_block)
       return FF_ERR_RUNTIME;
   }
-  return build_segments(d);
+  ff_status st = build_segments(d);
+  return st == FF_OK ? setup_sums(d) : st;
 }
 
 /* What each rank reports per step: seconds by kind, then its backend's memory in GiB. */
@@ -807,14 +1129,22 @@ static void teardown(dist *d) {
   ff_data_free(&d->data);
   free(d->segs), free(d->tds), free(d->send_fwd), free(d->send_bwd), free(d->recv_buf);
   free(d->req_fwd), free(d->req_bwd);
+  free(d->packed_at), free(d->sums), free(d->sum_segs);
   if (d->k) {
     d->k->release_host(d->tp_stage);
     d->k->release_host(d->host_block);
+    if (d->dp_device) {
+      d->k->release(d->packed);
+      d->k->release(d->kv_full);
+    }
   }
+  if (!d->dp_device)
+    free(d->packed), free(d->kv_full);
   for (int i = 0; i < d->n_cache; i++) {
     d->c->release(d->cache[i].group);
     free(d->cache[i].key);
   }
+  free(d->cache);
   d->c->release(d->tp);
   if (d->metrics)
     fclose(d->metrics);
@@ -822,7 +1152,7 @@ static void teardown(dist *d) {
 
 ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const ff_comm_backend *c,
                                const ff_train_opts *o) {
-  static dist d; /* large (the group cache); one per process, used by main() alone */
+  static dist d; /* one per process, used by main() alone */
   memset(&d, 0, sizeof d);
   d.plan = plan, d.k = k, d.o = o, d.c = c;
   d.world = d.c->world();
@@ -849,10 +1179,12 @@ ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const f
   ff_diag_free(&dg);
   if (st == FF_OK)
     st = setup(&d);
-  int64_t widest = plan->model.vocab * plan->model.hidden;
-  for (int i = 0; i < d.mr.n_tensors; i++)
-    if (d.mr.tensors[i].rows * d.mr.tensors[i].cols > widest)
-      widest = d.mr.tensors[i].rows * d.mr.tensors[i].cols;
+  /* the largest logical tensor: what rank 0 may receive of one segment for a checkpoint */
+  const ff_model *m = &plan->model;
+  int64_t D = m->hidden / m->heads, widest = m->vocab * m->hidden;
+  int64_t sizes[] = {m->heads * D * m->hidden, m->ffn_hidden * m->hidden, m->hidden};
+  for (int i = 0; i < 3; i++)
+    widest = sizes[i] > widest ? sizes[i] : widest;
   float *buf = st == FF_OK ? malloc((size_t)widest * sizeof *buf) : NULL;
   if (st == FF_OK && !buf)
     st = FF_ERR_RUNTIME;
@@ -869,7 +1201,7 @@ ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const f
   for (int64_t step = done + 1; st == FF_OK && step <= stop; step++) {
     double norm, lr, start = now();
     int bad = 0;
-    double loss = train_step(&d, step, buf, &norm, &lr, &bad);
+    double loss = train_step(&d, step, &norm, &lr, &bad);
     report(&d, step, loss, norm, lr, now() - start);
     if (bad || !isfinite(loss)) {
       if (d.rank == 0)

@@ -425,23 +425,49 @@ static const ff_kernels *compute_backend(cli *c, const ff_plan *plan, backend go
   return ff_kernels_cpu(c->threads);
 }
 
-/* The communication backend, chosen alike on every rank: NCCL needs every rank on the CUDA
- * backend with a GPU of its own (NCCL refuses two ranks on one GPU); MPI works everywhere. NULL
- * when --comm nccl cannot be had. */
-static const ff_comm_backend *communication(const cli *c, const ff_kernels *k, int rank) {
+/* Whether every rank trains on a GPU no other rank of its host uses (NCCL refuses two ranks on
+ * one GPU): the PCI bus ids of the ranks of each host, compared. */
+static bool every_rank_owns_a_gpu(const ff_kernels *k) {
+  char mine[32] = "";
+  ff_gpu_info info;
+  int dev = k->host_memory ? -1 : ff_gpu_current();
+  if (dev >= 0 && ff_gpu_query(dev, &info) == 0)
+    snprintf(mine, sizeof mine, "%s", info.pci_bus_id);
   MPI_Comm host;
   int ranks_here = 1;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
   MPI_Comm_size(host, &ranks_here);
+  char *all = calloc((size_t)ranks_here, sizeof mine);
+  if (!all)
+    MPI_Abort(MPI_COMM_WORLD, 1); /* the others wait in the allgather below */
+  int own = mine[0] != '\0';
+  {
+    MPI_Allgather(mine, (int)sizeof mine, MPI_CHAR, all, (int)sizeof mine, MPI_CHAR, host);
+    int me = 0, shared = 0;
+    MPI_Comm_rank(host, &me);
+    for (int r = 0; r < ranks_here; r++)
+      shared += r != me && strcmp(all + (size_t)r * sizeof mine, mine) == 0;
+    own = own && shared == 0;
+  }
+  free(all);
   MPI_Comm_free(&host);
-  int own_gpu = !k->host_memory && ranks_here <= ff_gpu_count(NULL);
-  MPI_Allreduce(MPI_IN_PLACE, &own_gpu, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (c->comm == FF_COMM_MPI || (c->comm == FF_COMM_AUTO && !own_gpu))
-    return ff_comm_mpi();
+  MPI_Allreduce(MPI_IN_PLACE, &own, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return own != 0;
+}
+
+/* The communication backend, chosen alike on every rank: NCCL needs every rank on the CUDA
+ * backend with a GPU of its own; MPI works everywhere. NULL when --comm nccl cannot be had. */
+static const ff_comm_backend *communication(const cli *c, const ff_kernels *k, int rank) {
+  bool own_gpu = every_rank_owns_a_gpu(k);
+  if (c->comm == FF_COMM_MPI || (c->comm == FF_COMM_AUTO && !own_gpu)) {
+    const char *test = getenv("FF_TEST_DEVICE_COMM"); /* test hook: see ff_comm_mpi_device */
+    bool staged = strcmp(k->name, "cpu-staged") == 0; /* never with real device memory */
+    return test && strcmp(test, "1") == 0 && staged ? ff_comm_mpi_device() : ff_comm_mpi();
+  }
   if (!own_gpu) {
     if (rank == 0)
-      fprintf(stderr, "ffrun: --comm nccl needs every rank on the CUDA backend with a GPU of its "
-              "own (this host runs %d ranks)\n", ranks_here);
+      fprintf(stderr, "ffrun: --comm nccl needs every rank on the CUDA backend with a GPU no "
+              "other rank of its host uses\n");
     return NULL;
   }
   char why[256];
@@ -469,7 +495,8 @@ static int train(cli *c, const ff_plan *plan, backend got, int *argc, char ***ar
     const ff_kernels *k = compute_backend(c, plan, got, 0);
     return k ? ff_train_one_rank(plan, k, &c->train) : FF_ERR_RUNTIME;
   }
-  MPI_Init(argc, argv);
+  int threads = 0; /* the NCCL watchdog is a second thread; only the main one calls MPI */
+  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &threads);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0)
@@ -483,6 +510,7 @@ static int train(cli *c, const ff_plan *plan, backend got, int *argc, char ***ar
   int rc = ff_train_distributed(plan, k, comm, &c->train);
   if (rc != FF_OK && rc < 128) /* a failure; a signal stop (128 + signal) ends every rank alike */
     MPI_Abort(MPI_COMM_WORLD, rc);
+  comm->finalize();
   MPI_Finalize();
   return rc;
 }

@@ -389,6 +389,11 @@ static void head_forward_backward(ff_model_rank *mr, const float *x_final, int64
   k->rmsnorm_bwd(dx, norm_g, dh, x_final, norm_w, mr->rstd_final, N, C);
 }
 
+static void grads_final(ff_model_rank *mr, int first, int n) {
+  if (mr->grads_final && mr->last_micro_batch && n > 0)
+    mr->grads_final(mr->grads_ctx, first, n);
+}
+
 void ff_model_rank_forward(ff_model_rank *mr, int slot, int64_t b, const int32_t *tokens,
                            const float *x_in, const int32_t *targets, float grad_scale,
                            float *x_out, double *loss_sum) {
@@ -412,6 +417,8 @@ void ff_model_rank_forward(ff_model_rank *mr, int slot, int64_t b, const int32_t
     k->to_device(mr->targets_in, targets, (size_t)N * sizeof *targets);
     head_forward_backward(mr, last, b, grad_scale, slot_rows(mr->dx_final, slot, mr->tokens, C),
                           loss_sum);
+    int head_first = (int)(mr->spec.embedding + mr->n_layers * TENSORS_PER_LAYER);
+    grads_final(mr, head_first, mr->n_tensors - head_first);
   } else if (x_out) {
     k->to_host(x_out, last, (size_t)(N * C) * sizeof(float));
   }
@@ -424,12 +431,15 @@ void ff_model_rank_backward(ff_model_rank *mr, int slot, int64_t b, const float 
   float *dx = slot_rows(mr->dx_final, slot, mr->tokens, C);
   if (!mr->spec.lm_head)
     k->to_device(dx, dx_in, (size_t)(N * C) * sizeof(float));
-  for (int64_t l = mr->n_layers - 1; l >= 0; l--)
+  for (int64_t l = mr->n_layers - 1; l >= 0; l--) {
     backward_layer(mr, acts_of(mr, slot, l), l, b, dx);
-  if (mr->spec.embedding)
+    grads_final(mr, (int)(mr->spec.embedding + l * TENSORS_PER_LAYER), TENSORS_PER_LAYER);
+  }
+  if (mr->spec.embedding) {
     k->embedding_bwd(tensor_at(mr, "embed", mr->grads), dx, mr->tokens_in + (int64_t)slot * mr->tokens,
                      (int)N, (int)C, (int)mr->spec.vocab.first, (int)mr->spec.vocab.end);
-  else if (dx_out)
+    grads_final(mr, 0, 1);
+  } else if (dx_out)
     k->to_host(dx_out, dx, (size_t)(N * C) * sizeof(float));
 }
 

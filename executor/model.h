@@ -70,6 +70,13 @@ typedef struct ff_model_rank {
   float *h_final, *rstd_final, *logits, *row_max, *row_sum, *loss;
   float *scratch_a, *scratch_b, *scratch_c; /* backward temporaries */
   int32_t *inputs, *targets; /* host memory: where callers assemble a micro-batch */
+  /* When set, called as this rank's gradients of tensors [first, first + n) become final for the
+   * step, on the micro-batch run with last_micro_batch set: the head's (final norm and untied LM
+   * head) after its forward, each layer's after its backward (last layer first), the
+   * embedding's at the end of the backward. Tensors in that order are the table's in reverse. */
+  void (*grads_final)(void *ctx, int first, int n);
+  void *grads_ctx;
+  bool last_micro_batch;
 } ff_model_rank;
 
 /* Build the tensor table and allocate for `n_slots` micro-batches of `micro_batch` sequences in

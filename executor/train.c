@@ -38,10 +38,13 @@ void ff_throttle(double factor, double seconds) {
     ;
 }
 
-static const char *first_nonfinite(const float *grads, const ff_tensor *t, int n_tensors) {
+/* The first of the tensors whose gradient holds a non-finite value; grads is the block the
+ * tensors' offsets count from, minus `from` floats (a copy of part of it). */
+static const char *first_nonfinite(const float *grads, int64_t from, const ff_tensor *t,
+                                   int n_tensors) {
   for (int i = 0; i < n_tensors; i++)
     for (int64_t j = 0; j < t[i].numel; j++)
-      if (!isfinite(grads[t[i].offset + j]))
+      if (!isfinite(grads[t[i].offset - from + j]))
         return t[i].name;
   return NULL;
 }
@@ -52,21 +55,21 @@ const char *ff_nonfinite_gradient(const ff_kernels *k, float *grads, const void 
   if (n_tensors <= 0)
     return NULL;
   const char *inject = getenv("FF_INJECT_NAN_STEP");
-  if (inject && strtoll(inject, NULL, 10) == step) {
+  if (inject && step > 0 && strtoll(inject, NULL, 10) == step) {
     float nan = NAN;
     k->to_device(grads + t[n_tensors - 1].offset, &nan, sizeof nan);
   }
   if (k->host_memory)
-    return first_nonfinite(grads, t, n_tensors);
+    return first_nonfinite(grads, 0, t, n_tensors);
   /* device memory: one reduction says whether anything is wrong; only then copy and look */
-  int64_t n = t[n_tensors - 1].offset + t[n_tensors - 1].numel;
-  if (isfinite(k->sum_squares(grads, n)))
+  int64_t from = t[0].offset, n = t[n_tensors - 1].offset + t[n_tensors - 1].numel - from;
+  if (isfinite(k->sum_squares(grads + from, n)))
     return NULL;
   float *host = malloc((size_t)n * sizeof *host);
   if (!host)
     return t[0].name; /* cannot look closer; the step is skipped all the same */
-  k->to_host(host, grads, (size_t)n * sizeof *host);
-  const char *name = first_nonfinite(host, t, n_tensors);
+  k->to_host(host, grads + from, (size_t)n * sizeof *host);
+  const char *name = first_nonfinite(host, from, t, n_tensors);
   free(host);
   return name ? name : t[0].name;
 }

@@ -38,9 +38,10 @@ double ff_throttle_factor(const ff_train_opts *o, int rank, const ff_device *dev
  * taken longer for work that took `seconds` here. A test and demo device only. */
 void ff_throttle(double factor, double seconds);
 
-/* The first tensor (in table order) whose gradient (grads, backend memory of k) holds a NaN or an
- * infinity, or NULL. A test hook, the environment variable FF_INJECT_NAN_STEP=N, poisons one
- * gradient at step N. */
+/* The first of n_tensors consecutive tensors of a table (in table order) whose gradient (grads:
+ * the block their offsets count from, backend memory of k) holds a NaN or an infinity, or NULL. A
+ * test hook, the environment variable FF_INJECT_NAN_STEP=N, poisons the last one's gradient when
+ * step is N (pass step 0 to check without it). */
 const char *ff_nonfinite_gradient(const ff_kernels *k, float *grads, const void *tensors,
                                   int n_tensors, int64_t step);
 

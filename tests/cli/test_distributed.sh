@@ -5,7 +5,8 @@
 # with the one-rank run to relative 1e-5. Then: 3 steps under one plan, a checkpoint, and 3 more
 # under another plan equal 6 steps on one rank; and a killed rank ends the whole job with a
 # non-zero status within 60 s, leaving the last checkpoint intact. The copying paths of the GPU
-# backend are taken on the CPU too (FF_TEST_STAGED_CPU), and --comm is checked.
+# backend are taken on the CPU too (FF_TEST_STAGED_CPU, FF_TEST_DEVICE_COMM), and --comm is
+# checked.
 set -u
 ffrun=$1
 tmp=$(mktemp -d)
@@ -113,6 +114,18 @@ for name in everything tp4-gqa; do
   losses_agree "$tmp/ref5.jsonl" "$tmp/staged-$name.jsonl" >/dev/null || fail "staged $name: losses differ"
   python3 "$compare" "$tmp/staged-$name/step-00000005.safetensors" "$tmp/ref/step-00000005.safetensors" \
     >/dev/null || fail "staged $name: final weights differ from one rank"
+done
+# The device-collective paths (what NCCL takes on GPUs: gradient sums in place on backend memory,
+# segments packed there by copy_rows, shared kv heads summed on a backend buffer, TP sums without
+# staging), run on the CPU by FF_TEST_DEVICE_COMM: MPI carrying the staged backend's memory.
+for name in everything dp2-tp2-beside-tp4 tp4-gqa; do
+  checks=$((checks + 2))
+  FF_TEST_STAGED_CPU=1 FF_TEST_DEVICE_COMM=1 mpirun -np "$(ranks tests/plans/$name.json)" "$ffrun" \
+    tests/plans/$name.json --text LICENSE --steps 5 --quiet --metrics "$tmp/devcomm-$name.jsonl" \
+    --checkpoint-dir "$tmp/devcomm-$name" >"$tmp/devcomm.log" 2>&1 || { fail "device comm $name"; tail -5 "$tmp/devcomm.log"; }
+  losses_agree "$tmp/ref5.jsonl" "$tmp/devcomm-$name.jsonl" >/dev/null || fail "device comm $name: losses differ"
+  python3 "$compare" "$tmp/devcomm-$name/step-00000005.safetensors" "$tmp/ref/step-00000005.safetensors" \
+    >/dev/null || fail "device comm $name: final weights differ from one rank"
 done
 checks=$((checks + 1))
 FF_TEST_STAGED_CPU=1 mpirun -np 4 "$ffrun" tests/plans/tp4-gqa.json --text LICENSE --steps 6 --quiet \

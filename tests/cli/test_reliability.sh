@@ -109,6 +109,15 @@ FF_INJECT_NAN_STEP=2 mpirun -np 8 "$ffrun" tests/plans/pp4-tp-1-2-4-1.json --tex
   --quiet >"$tmp/mpinan.log" 2>&1 && fail "mpirun: a non-finite gradient did not stop the job"
 grep -q "step 2: the gradient of .* is not finite on rank [0-9] (pipeline 0, stage [0-9])" "$tmp/mpinan.log" ||
   fail "mpirun: a non-finite gradient is not reported with its rank, stage and tensor"
+# The same where the gradient sums run in place on backend memory (the NCCL path's order: each
+# bucket is checked before its sum starts, so the rank that made the NaN is the one named).
+checks=$((checks + 1))
+FF_TEST_STAGED_CPU=1 FF_TEST_DEVICE_COMM=1 FF_INJECT_NAN_STEP=2 mpirun -np 2 "$ffrun" \
+  tests/plans/pp2-layers-3to1.json --text LICENSE --steps 3 --quiet >"$tmp/devnan.log" 2>&1 &&
+  fail "device comm: a non-finite gradient did not stop the job"
+grep -q "step 2: the gradient of lm_head is not finite on rank 1 (pipeline 0, stage 1)" "$tmp/devnan.log" &&
+  grep -q "step 2: the gradient of layers.[0-9]*.w_down is not finite on rank 0 (pipeline 0, stage 0)" \
+    "$tmp/devnan.log" || { fail "device comm: the non-finite gradients are not named"; cat "$tmp/devnan.log"; }
 
 # Damaged checkpoints.
 train --steps 3 --checkpoint-dir "$tmp/dmg" --checkpoint-every 1 || fail "the run before the damage"

@@ -50,6 +50,10 @@ typedef struct ff_comm_backend {
   /* Bracket a batch of point-to-point calls (NCCL groups them; MPI needs nothing). */
   void (*group_start)(void);
   void (*group_end)(void);
+  /* GPU seconds spent in the device collectives issued on the compute stream so far (measured
+   * with events; complete for those issued before the stream was last synchronised); 0 where
+   * collectives run on the host, whose time the caller measures itself. */
+  double (*collective_seconds)(void);
   /* End the job from any rank: every rank exits with a non-zero status. */
   void (*abort)(int status);
   /* Release what the backend holds (communicators, threads) before MPI_Finalize; every rank

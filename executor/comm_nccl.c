@@ -2,7 +2,7 @@
  *
  * Collectives on device buffers run through NCCL: the TP all-reduces of activations on the
  * compute backend's stream, so they are ordered with the kernels around them and the host does
- * not wait; the started gradient sums (iallreduce_sum) on a stream of their own, after an event
+ * not wait (event pairs around them give their GPU time to the metrics); the started gradient sums (iallreduce_sum) on a stream of their own, after an event
  * of the compute stream, so they run beside the backward that follows them. Everything else —
  * host buffers (losses, timings, names), point-to-point transfers of the staged activations —
  * goes through MPI, which also bootstraps NCCL: rank 0's unique id travels by MPI_Bcast, and
@@ -37,6 +37,7 @@
 
 enum {
   PENDING = 4096, /* collectives per stream whose completion the watchdog follows */
+  TIMED = 1024,   /* compute-stream collectives timed by event pairs, not yet read */
 };
 
 struct ff_group {
@@ -69,6 +70,10 @@ static struct nccl_state {
   pthread_mutex_t lock;
   pthread_t watchdog;
   bool watching, stop, ready;
+  /* event pairs around the collectives on the compute stream: their GPU time (main thread only) */
+  cudaEvent_t timed_start[TIMED], timed_stop[TIMED];
+  int timed_head, timed_pending;
+  double timed_seconds;
 } nc = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static double now(void) {
@@ -198,6 +203,43 @@ static void issued(int which) {
     die("cudaEventRecord", cudaGetErrorString(e));
 }
 
+/* Fold the finished timed pairs into timed_seconds (the oldest first; with `all`, wait for each). */
+static void timed_drain(bool all) {
+  while (nc.timed_pending > 0) {
+    cudaEvent_t stop = nc.timed_stop[nc.timed_head];
+    cudaError_t e = all ? cudaEventSynchronize(stop) : cudaEventQuery(stop);
+    if (e == cudaErrorNotReady)
+      return;
+    if (e != cudaSuccess)
+      die("a collective failed on the GPU", cudaGetErrorString(e));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, nc.timed_start[nc.timed_head], stop));
+    nc.timed_seconds += ms * 1e-3;
+    nc.timed_head = (nc.timed_head + 1) % TIMED;
+    nc.timed_pending--;
+  }
+}
+
+/* Around a collective on the compute stream: begin returns its pair, end closes it. */
+static int timed_begin(void) {
+  if (nc.timed_pending == TIMED)
+    timed_drain(true);
+  int i = (nc.timed_head + nc.timed_pending) % TIMED;
+  CUDA_CHECK(cudaEventRecord(nc.timed_start[i], nc.rings[COMPUTE].stream));
+  return i;
+}
+
+static void timed_end(int i) {
+  CUDA_CHECK(cudaEventRecord(nc.timed_stop[i], nc.rings[COMPUTE].stream));
+  nc.timed_pending++;
+  issued(COMPUTE);
+}
+
+static double collective_seconds(void) {
+  timed_drain(false);
+  return nc.timed_seconds;
+}
+
 static bool on_device(const void *p) {
   struct cudaPointerAttributes a;
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -254,8 +296,9 @@ static void allreduce(ff_group *g, void *buf, int64_t n, MPI_Datatype mt, ncclDa
   if (n <= 0)
     return;
   if (g->nccl && on_device(buf)) {
+    int t = timed_begin();
     NCCL_CHECK(ncclAllReduce(buf, buf, (size_t)n, nt, nop, g->nccl, nc.rings[COMPUTE].stream));
-    issued(COMPUTE);
+    timed_end(t);
     return;
   }
   ff_mpi_allreduce(g->mpi, buf, n, mt, elem, mop);
@@ -319,8 +362,9 @@ static void wait(ff_request *r) {
 
 static void allgather(ff_group *g, const void *mine, void *all, size_t bytes) {
   if (g->nccl && on_device(all)) {
+    int t = timed_begin();
     NCCL_CHECK(ncclAllGather(mine, all, bytes, ncclChar, g->nccl, nc.rings[COMPUTE].stream));
-    issued(COMPUTE);
+    timed_end(t);
     return;
   }
   MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, g->mpi);
@@ -328,9 +372,10 @@ static void allgather(ff_group *g, const void *mine, void *all, size_t bytes) {
 
 static void reduce_scatter_sum(ff_group *g, const float *send, float *recv, int64_t n) {
   if (g->nccl && on_device(recv)) {
+    int t = timed_begin();
     NCCL_CHECK(ncclReduceScatter(send, recv, (size_t)n, ncclFloat32, ncclSum, g->nccl,
                                  nc.rings[COMPUTE].stream));
-    issued(COMPUTE);
+    timed_end(t);
     return;
   }
   MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, g->mpi);
@@ -338,8 +383,9 @@ static void reduce_scatter_sum(ff_group *g, const float *send, float *recv, int6
 
 static void bcast(ff_group *g, void *buf, size_t bytes, int root) {
   if (g->nccl && on_device(buf)) {
+    int t = timed_begin();
     NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclChar, root, g->nccl, nc.rings[COMPUTE].stream));
-    issued(COMPUTE);
+    timed_end(t);
     return;
   }
   MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g->mpi);
@@ -377,6 +423,10 @@ static void finalize(void) {
   for (int i = 0; i < RINGS; i++)
     for (int j = 0; j < PENDING; j++)
       cudaEventDestroy(nc.rings[i].done[j]);
+  for (int j = 0; j < TIMED; j++) {
+    cudaEventDestroy(nc.timed_start[j]);
+    cudaEventDestroy(nc.timed_stop[j]);
+  }
   cudaStreamDestroy(nc.rings[DP].stream);
   free(nc.comms);
   nc.comms = NULL;
@@ -386,7 +436,7 @@ static void finalize(void) {
 static const ff_comm_backend nccl_backend = {
     "nccl", true, world, rank, size, split, release, allreduce_sum, allreduce_max,
     allreduce_sum_f64, iallreduce_sum, test, allgather, reduce_scatter_sum, bcast, ff_mpi_isend,
-    ff_mpi_recv, wait, group_nothing, group_nothing, abort_job, finalize};
+    ff_mpi_recv, wait, group_nothing, group_nothing, collective_seconds, abort_job, finalize};
 
 /* The per-rank preparations that can fail (events, the DP stream, the watchdog); NULL or why. */
 static const char *prepare(void) {
@@ -398,6 +448,10 @@ static const char *prepare(void) {
     for (int j = 0; j < PENDING; j++)
       if (cudaEventCreateWithFlags(&nc.rings[i].done[j], cudaEventDisableTiming) != cudaSuccess)
         return "cudaEventCreate failed";
+  for (int j = 0; j < TIMED; j++)
+    if (cudaEventCreate(&nc.timed_start[j]) != cudaSuccess ||
+        cudaEventCreate(&nc.timed_stop[j]) != cudaSuccess)
+      return "cudaEventCreate failed";
   const char *t = getenv("FF_NCCL_TIMEOUT_S");
   nc.timeout_s = t && atof(t) > 0 ? atof(t) : 600;
   if (pthread_create(&nc.watchdog, NULL, watch, NULL) != 0)

@@ -88,6 +88,7 @@ typedef struct dist {
   FILE *metrics;
   /* seconds of the current step, by kind (compute, p2p, tp, dp, optimizer) */
   double t_compute, t_p2p, t_tp, t_dp, t_opt;
+  double tp_device_seen; /* the communication backend's collective_seconds at the last look */
   ff_plan_eval eval; /* the cost model's predictions, for the metrics */
   bool have_eval;
   double throttle;   /* > 1: an emulated slower device (see ff_throttle) */
@@ -118,11 +119,10 @@ static double now(void);
 /* ---- TP hooks --------------------------------------------------------------------------- */
 
 /* The TP collectives of the model code, on backend memory: through tp_stage when the host cannot
- * touch it (the MPI backend reads host memory only). */
+ * touch it (the MPI backend reads host memory only). The host time counts as TP; a collective
+ * the host only enqueues (NCCL) adds its GPU time after the stream's next synchronisation
+ * (device_tp). */
 static void tp_collective(dist *d, float *buf, int64_t n, bool sum) {
-  bool async = !d->tp_stage && !d->k->host_memory; /* NCCL on the compute stream */
-  if (async)
-    d->k->sync(); /* the kernels before the collective are compute, not TP time */
   double t = now();
   float *host = d->tp_stage ? d->tp_stage : buf;
   if (d->tp_stage)
@@ -133,9 +133,15 @@ static void tp_collective(dist *d, float *buf, int64_t n, bool sum) {
     d->c->allreduce_max(d->tp, host, n);
   if (d->tp_stage)
     d->k->to_device(buf, host, (size_t)n * sizeof *buf);
-  if (async)
-    d->k->sync(); /* and waiting for the collective is TP time, not compute */
   d->t_tp += now() - t;
+}
+
+/* After a synchronisation of the compute stream: the GPU time of the collectives enqueued on it
+ * since the last call joins the step's TP time. */
+static void device_tp(dist *d) {
+  double total = d->c->collective_seconds();
+  d->t_tp += total - d->tp_device_seen;
+  d->tp_device_seen = total;
 }
 
 static void tp_sum(void *ctx, float *buf, int64_t n) { tp_collective(ctx, buf, n, true); }
@@ -747,6 +753,7 @@ static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, doub
   d->mr.last_micro_batch = j == d->pl->micro_batches - 1; /* the head's gradients are final */
   ff_model_rank_forward(&d->mr, slot, b, in, x_in, tg, grad_scale, out, loss);
   d->k->sync(); /* an asynchronous backend has finished the work only now */
+  device_tp(d);
   double spent = now() - t0 - (d->t_tp - tp0) - (d->t_dp - dp0);
   ff_throttle(d->throttle, spent);
   d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);
@@ -772,6 +779,7 @@ static void run_backward(dist *d, int64_t j) {
   d->mr.last_micro_batch = j == d->pl->micro_batches - 1; /* gradients final, layer by layer */
   ff_model_rank_backward(&d->mr, slot, b, dx_in, out);
   d->k->sync(); /* an asynchronous backend has finished the work only now */
+  device_tp(d);
   double spent = now() - t0 - (d->t_tp - tp0) - (d->t_dp - dp0);
   ff_throttle(d->throttle, spent);
   d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);

@@ -156,7 +156,6 @@ static float *host_block_get(dist *d, float *block) {
   return d->host_block;
 }
 
-
 /* ---- roles and slices ------------------------------------------------------------------- */
 
 static void find_role(dist *d) {

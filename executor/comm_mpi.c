@@ -53,11 +53,23 @@ static void release(ff_group *g) {
   }
 }
 
-/* MPI counts are ints: reduce in pieces of at most 2^30 elements. */
+/* MPI counts are ints, so long messages and sums go in pieces: of 2^30 bytes (point to point) or
+ * 2^30 elements (sums). The test hook FF_TEST_MPI_PIECE=N makes pieces of N instead, so that the
+ * piecing is exercised on small models. */
+static int64_t piece(void) {
+  static int64_t size = 0;
+  if (size == 0) {
+    const char *test = getenv("FF_TEST_MPI_PIECE");
+    long long n = test ? atoll(test) : 0;
+    size = n > 0 && n < (1 << 30) ? n : (1 << 30);
+  }
+  return size;
+}
+
 void ff_mpi_allreduce(MPI_Comm c, void *buf, int64_t n, MPI_Datatype type, size_t elem, MPI_Op op) {
   char *p = buf;
   while (n > 0) {
-    int part = n > (1 << 30) ? (1 << 30) : (int)n;
+    int part = n > piece() ? (int)piece() : (int)n;
     MPI_Allreduce(MPI_IN_PLACE, p, part, type, op, c);
     p += (size_t)part * elem;
     n -= part;
@@ -109,31 +121,33 @@ static ff_request *request(int n) {
   return r;
 }
 
-/* Messages over 2 GiB go in pieces of 1 GiB; MPI keeps the pieces of one sender and tag in
- * order. */
-enum { PIECE = 1 << 30 };
+/* Messages go in pieces of piece() bytes; MPI keeps the pieces of one sender and tag in order. */
+static int pieces(size_t bytes) {
+  size_t p = (size_t)piece();
+  return bytes == 0 ? 1 : (int)((bytes + p - 1) / p);
+}
 
-static int pieces(size_t bytes) { return bytes == 0 ? 1 : (int)((bytes + PIECE - 1) / PIECE); }
+static size_t piece_bytes(size_t bytes, int i) {
+  size_t p = (size_t)piece(), left = bytes - (size_t)i * p;
+  return left < p ? left : p;
+}
 
 ff_request *ff_mpi_isend(const void *buf, size_t bytes, int dst, int tag) {
   int n = pieces(bytes);
   ff_request *r = request(n);
   const char *p = buf;
-  for (int i = 0; i < n; i++) {
-    size_t part = bytes - (size_t)i * PIECE < PIECE ? bytes - (size_t)i * PIECE : PIECE;
-    MPI_Isend(p + (size_t)i * PIECE, (int)part, MPI_BYTE, dst, tag, MPI_COMM_WORLD, &r->mpi[i]);
-  }
+  for (int i = 0; i < n; i++)
+    MPI_Isend(p + (size_t)i * (size_t)piece(), (int)piece_bytes(bytes, i), MPI_BYTE, dst, tag,
+              MPI_COMM_WORLD, &r->mpi[i]);
   return r;
 }
 
 void ff_mpi_recv(void *buf, size_t bytes, int src, int tag) {
   int n = pieces(bytes);
   char *p = buf;
-  for (int i = 0; i < n; i++) {
-    size_t part = bytes - (size_t)i * PIECE < PIECE ? bytes - (size_t)i * PIECE : PIECE;
-    MPI_Recv(p + (size_t)i * PIECE, (int)part, MPI_BYTE, src, tag, MPI_COMM_WORLD,
-             MPI_STATUS_IGNORE);
-  }
+  for (int i = 0; i < n; i++)
+    MPI_Recv(p + (size_t)i * (size_t)piece(), (int)piece_bytes(bytes, i), MPI_BYTE, src, tag,
+             MPI_COMM_WORLD, MPI_STATUS_IGNORE);
 }
 
 static void request_free(ff_request *r) {
@@ -156,14 +170,15 @@ bool ff_mpi_test(ff_request *r) {
   return done != 0;
 }
 
-/* Over 2^30 elements (PIECE counts elements here), the sum goes in several started pieces. */
+/* A long sum goes in several started pieces of piece() elements. */
 ff_request *ff_mpi_iallreduce_sum(MPI_Comm c, float *buf, int64_t n) {
-  int parts = n <= 0 ? 1 : (int)((n + PIECE - 1) / PIECE);
+  int64_t size = piece();
+  int parts = n <= 0 ? 1 : (int)((n + size - 1) / size);
   ff_request *r = request(parts);
   for (int i = 0; i < parts; i++) {
-    int64_t left = n - (int64_t)i * PIECE;
-    int part = left < PIECE ? (int)(left > 0 ? left : 0) : PIECE;
-    MPI_Iallreduce(MPI_IN_PLACE, buf + (int64_t)i * PIECE, part, MPI_FLOAT, MPI_SUM, c, &r->mpi[i]);
+    int64_t left = n - (int64_t)i * size;
+    int part = left < size ? (int)(left > 0 ? left : 0) : (int)size;
+    MPI_Iallreduce(MPI_IN_PLACE, buf + (int64_t)i * size, part, MPI_FLOAT, MPI_SUM, c, &r->mpi[i]);
   }
   return r;
 }

@@ -127,6 +127,19 @@ for name in everything dp2-tp2-beside-tp4 tp4-gqa; do
   python3 "$compare" "$tmp/devcomm-$name/step-00000005.safetensors" "$tmp/ref/step-00000005.safetensors" \
     >/dev/null || fail "device comm $name: final weights differ from one rank"
 done
+# Messages and sums longer than MPI's int counts go in pieces; FF_TEST_MPI_PIECE makes the pieces
+# small (1000 bytes or elements; 7 bytes, splitting floats) so that the piecing runs here.
+for piece in 1000 7; do
+  checks=$((checks + 2))
+  plan=tests/plans/everything.json
+  [ "$piece" = 7 ] && plan=tests/plans/pp2-layers-3to1.json
+  FF_TEST_MPI_PIECE=$piece mpirun -np "$(ranks "$plan")" "$ffrun" "$plan" --text LICENSE --steps 5 \
+    --quiet --metrics "$tmp/piece-$piece.jsonl" --checkpoint-dir "$tmp/piece-$piece" >"$tmp/piece.log" 2>&1 ||
+    { fail "pieces of $piece"; tail -5 "$tmp/piece.log"; }
+  losses_agree "$tmp/ref5.jsonl" "$tmp/piece-$piece.jsonl" >/dev/null || fail "pieces of $piece: losses differ"
+  python3 "$compare" "$tmp/piece-$piece/step-00000005.safetensors" "$tmp/ref/step-00000005.safetensors" \
+    >/dev/null || fail "pieces of $piece: final weights differ from one rank"
+done
 checks=$((checks + 1))
 FF_TEST_STAGED_CPU=1 mpirun -np 4 "$ffrun" tests/plans/tp4-gqa.json --text LICENSE --steps 6 --quiet \
   --metrics "$tmp/staged-resume.jsonl" --checkpoint-dir "$tmp/staged-everything" --resume >/dev/null 2>&1 &&

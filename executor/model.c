@@ -175,8 +175,39 @@ static void carve_layer(ff_layer_acts *a, float **at, dims d) {
   a->act = carve(at, d.N * d.Fl);
 }
 
+/* bf16 values a layer saves (everything but the row statistics), and the fp32 ones. */
+static int64_t layer_saved_halves(dims d) {
+  return d.N * d.C * 4 + d.N * d.Hl * d.D * 2 + d.N * d.Kl * d.D * 2 + d.N * d.Fl * 3;
+}
+
+static int64_t layer_saved_floats(dims d) { return d.N * 2 + d.N * d.Hl; }
+
+static uint16_t *carve_half(uint16_t **at, int64_t n) {
+  uint16_t *p = *at;
+  *at += n;
+  return p;
+}
+
+static void carve_saved(ff_layer_saved *s, uint16_t **half, float **full, dims d) {
+  s->x_in = carve_half(half, d.N * d.C);
+  s->h1 = carve_half(half, d.N * d.C);
+  s->q = carve_half(half, d.N * d.Hl * d.D);
+  s->k = carve_half(half, d.N * d.Kl * d.D);
+  s->v = carve_half(half, d.N * d.Kl * d.D);
+  s->att = carve_half(half, d.N * d.Hl * d.D);
+  s->x_mid = carve_half(half, d.N * d.C);
+  s->h2 = carve_half(half, d.N * d.C);
+  s->gate = carve_half(half, d.N * d.Fl);
+  s->up = carve_half(half, d.N * d.Fl);
+  s->act = carve_half(half, d.N * d.Fl);
+  s->rstd1 = carve(full, d.N);
+  s->rstd2 = carve(full, d.N);
+  s->lse = carve(full, d.N * d.Hl);
+}
+
 ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
-                             const ff_shard_spec *spec, int64_t micro_batch, int n_slots) {
+                             const ff_shard_spec *spec, int64_t micro_batch, int n_slots,
+                             bool bf16_activations) {
   memset(mr, 0, sizeof *mr);
   mr->model = model;
   mr->k = k;
@@ -199,24 +230,43 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   for (int i = 0; i < 3; i++)
     if (cand[i] > widest)
       widest = cand[i];
-  int64_t slots = mr->n_slots;
-  int64_t total = slots * (mr->n_layers * layer_acts_floats(d) + d.N * d.C * 2) + d.N * d.C +
-                  d.N * 4 + d.N * d.Vl + d.N * widest * 8;
+  int64_t slots = mr->n_slots, held = slots * mr->n_layers;
+  mr->bf16_activations = bf16_activations && mr->n_layers > 0;
+  /* fp32: every layer's activations; bf16: their row statistics, one layer's work and its output */
+  int64_t per_layer = mr->bf16_activations ? 0 : held * layer_acts_floats(d);
+  int64_t bf16_floats = mr->bf16_activations
+                            ? held * layer_saved_floats(d) + layer_acts_floats(d) + d.N * d.C
+                            : 0;
+  int64_t total = per_layer + bf16_floats + slots * d.N * d.C * 2 + d.N * d.C + d.N * 4 +
+                  d.N * d.Vl + d.N * widest * 8;
   mr->acts_block = k->alloc((size_t)total * sizeof(float));
-  mr->acts = calloc((size_t)(slots * (mr->n_layers ? mr->n_layers : 1)), sizeof *mr->acts);
+  if (mr->bf16_activations) {
+    mr->saved_block = k->alloc((size_t)(held * layer_saved_halves(d)) * sizeof(uint16_t));
+    mr->saved = calloc((size_t)held, sizeof *mr->saved);
+  } else {
+    mr->acts = calloc((size_t)(held ? held : 1), sizeof *mr->acts);
+  }
   mr->tokens_in = k->alloc((size_t)(slots * d.N) * sizeof *mr->tokens_in);
   mr->targets_in = k->alloc((size_t)d.N * sizeof *mr->targets_in);
   mr->inputs = malloc((size_t)d.N * sizeof *mr->inputs);
   mr->targets = malloc((size_t)d.N * sizeof *mr->targets);
-  if (!mr->params || !mr->grads || !mr->m || !mr->v || !mr->acts_block || !mr->acts ||
+  bool stored = mr->bf16_activations ? mr->saved_block && mr->saved : mr->acts != NULL;
+  if (!mr->params || !mr->grads || !mr->m || !mr->v || !mr->acts_block || !stored ||
       !mr->tokens_in || !mr->targets_in || !mr->inputs || !mr->targets) {
     ff_model_rank_free(mr);
     return FF_ERR_RUNTIME;
   }
   float *at = mr->acts_block;
-  for (int64_t sl = 0; sl < slots; sl++)
-    for (int64_t l = 0; l < mr->n_layers; l++)
-      carve_layer(&mr->acts[sl * mr->n_layers + l], &at, d);
+  if (mr->bf16_activations) {
+    uint16_t *half = mr->saved_block;
+    for (int64_t i = 0; i < held; i++)
+      carve_saved(&mr->saved[i], &half, &at, d);
+    carve_layer(&mr->work, &at, d);
+    mr->work_out = carve(&at, d.N * d.C);
+  } else {
+    for (int64_t i = 0; i < held; i++)
+      carve_layer(&mr->acts[i], &at, d);
+  }
   mr->x_final = carve(&at, slots * d.N * d.C);
   mr->dx_final = carve(&at, slots * d.N * d.C);
   mr->h_final = carve(&at, d.N * d.C);
@@ -238,10 +288,12 @@ void ff_model_rank_free(ff_model_rank *mr) {
     mr->k->release(mr->m);
     mr->k->release(mr->v);
     mr->k->release(mr->acts_block);
+    mr->k->release(mr->saved_block);
     mr->k->release(mr->tokens_in);
     mr->k->release(mr->targets_in);
   }
   free(mr->acts);
+  free(mr->saved);
   free(mr->tensors);
   free(mr->inputs);
   free(mr->targets);
@@ -288,7 +340,54 @@ static float *slot_rows(float *base, int slot, int64_t tokens, int64_t C) {
   return base + (int64_t)slot * tokens * C;
 }
 
-static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, int64_t l, int64_t b, float *x_out) {
+/* bf16 storage: a tensor just made is rounded to bf16 in place, and the bf16 copy kept for the
+ * backward, so that both passes see the same values (nothing without a saved copy: fp32). */
+static void keep(const ff_model_rank *mr, uint16_t *saved, float *x, int64_t n) {
+  if (!saved)
+    return;
+  mr->k->to_bf16(saved, x, n);
+  mr->k->from_bf16(x, saved, n);
+}
+
+/* The layer's fp32 activations for slot and layer: its own (fp32 storage) or the one work set
+ * pointed at the saved row statistics (bf16 storage; *sv then names the bf16 copies). */
+static ff_layer_acts *layer_acts(ff_model_rank *mr, int slot, int64_t l, ff_layer_saved **sv) {
+  if (!mr->bf16_activations) {
+    *sv = NULL;
+    return acts_of(mr, slot, l);
+  }
+  *sv = &mr->saved[(int64_t)slot * mr->n_layers + l];
+  mr->work.rstd1 = (*sv)->rstd1;
+  mr->work.rstd2 = (*sv)->rstd2;
+  mr->work.lse = (*sv)->lse;
+  return &mr->work;
+}
+
+/* bf16 storage: the saved layer back into the work set for its backward. */
+static ff_layer_acts *load_layer(ff_model_rank *mr, int slot, int64_t l, int64_t b) {
+  ff_layer_saved *sv;
+  ff_layer_acts *a = layer_acts(mr, slot, l, &sv);
+  if (!sv)
+    return a;
+  const ff_kernels *k = mr->k;
+  dims d = model_dims(mr, b * mr->model->seq_len);
+  int64_t NC = d.N * d.C, nq = d.N * d.Hl * d.D, nk = d.N * d.Kl * d.D, nf = d.N * d.Fl;
+  k->from_bf16(a->x_in, sv->x_in, NC);
+  k->from_bf16(a->h1, sv->h1, NC);
+  k->from_bf16(a->q, sv->q, nq);
+  k->from_bf16(a->k, sv->k, nk);
+  k->from_bf16(a->v, sv->v, nk);
+  k->from_bf16(a->att, sv->att, nq);
+  k->from_bf16(a->x_mid, sv->x_mid, NC);
+  k->from_bf16(a->h2, sv->h2, NC);
+  k->from_bf16(a->gate, sv->gate, nf);
+  k->from_bf16(a->up, sv->up, nf);
+  k->from_bf16(a->act, sv->act, nf);
+  return a;
+}
+
+static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_saved *sv, int64_t l,
+                          int64_t b, float *x_out) {
   const ff_kernels *k = mr->k;
   const ff_model *m = mr->model;
   dims d = model_dims(mr, b * m->seq_len);
@@ -296,21 +395,36 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, int64_t l, int64_
   int Hl = (int)d.Hl, Kl = (int)d.Kl, Fl = (int)d.Fl;
   layer_params w = layer_at(mr, l, mr->params);
   float *tmp = mr->scratch_a;
+  int64_t NC = (int64_t)N * C, nq = (int64_t)N * Hl * D, nk = (int64_t)N * Kl * D;
+  int64_t nf = (int64_t)N * Fl;
+#define KEEP(field, n) keep(mr, sv ? sv->field : NULL, a->field, n)
+  KEEP(x_in, NC);
   k->rmsnorm_fwd(a->h1, a->rstd1, a->x_in, w.attn_norm, N, C, (float)m->norm_eps);
+  KEEP(h1, NC);
   k->matmul_fwd(a->q, a->h1, w.wq, N, C, Hl * D);
   k->matmul_fwd(a->k, a->h1, w.wk, N, C, Kl * D);
   k->matmul_fwd(a->v, a->h1, w.wv, N, C, Kl * D);
   k->rope_fwd(a->q, B, S, Hl, D, (float)m->rope_theta);
   k->rope_fwd(a->k, B, S, Kl, D, (float)m->rope_theta);
+  KEEP(q, nq);
+  KEEP(k, nk);
+  KEEP(v, nk);
   k->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, S, Hl, Kl, D, (int)mr->spec.heads.first,
                    (int)mr->spec.kv_heads.first, (int)(m->heads / m->kv_heads));
+  KEEP(att, nq);
   k->matmul_fwd(tmp, a->att, w.wo, N, Hl * D, C);
-  tp_sum(mr, tmp, (int64_t)N * C); /* row-parallel Wo: the group sums its partial outputs */
-  k->add(a->x_mid, a->x_in, tmp, (int64_t)N * C);
+  tp_sum(mr, tmp, NC); /* row-parallel Wo: the group sums its partial outputs */
+  k->add(a->x_mid, a->x_in, tmp, NC);
+  KEEP(x_mid, NC);
   k->rmsnorm_fwd(a->h2, a->rstd2, a->x_mid, w.mlp_norm, N, C, (float)m->norm_eps);
+  KEEP(h2, NC);
   k->matmul_fwd(a->gate, a->h2, w.w_gate, N, C, Fl);
   k->matmul_fwd(a->up, a->h2, w.w_up, N, C, Fl);
-  k->swiglu_fwd(a->act, a->gate, a->up, (int64_t)N * Fl);
+  KEEP(gate, nf);
+  KEEP(up, nf);
+  k->swiglu_fwd(a->act, a->gate, a->up, nf);
+  KEEP(act, nf);
+#undef KEEP
   k->matmul_fwd(tmp, a->act, w.w_down, N, Fl, C);
   tp_sum(mr, tmp, (int64_t)N * C); /* row-parallel W_down */
   k->add(x_out, a->x_mid, tmp, (int64_t)N * C);
@@ -399,7 +513,9 @@ void ff_model_rank_forward(ff_model_rank *mr, int slot, int64_t b, const int32_t
                            float *x_out, double *loss_sum) {
   const ff_kernels *k = mr->k;
   int64_t N = b * mr->model->seq_len, C = mr->model->hidden;
-  float *first = mr->n_layers ? acts_of(mr, slot, 0)->x_in : slot_rows(mr->x_final, slot, mr->tokens, C);
+  float *first = !mr->n_layers          ? slot_rows(mr->x_final, slot, mr->tokens, C)
+                 : mr->bf16_activations ? mr->work.x_in
+                                        : acts_of(mr, slot, 0)->x_in;
   if (mr->spec.embedding) {
     int32_t *tok = mr->tokens_in + (int64_t)slot * mr->tokens;
     k->to_device(tok, tokens, (size_t)N * sizeof *tok);
@@ -410,9 +526,17 @@ void ff_model_rank_forward(ff_model_rank *mr, int slot, int64_t b, const int32_t
     k->to_device(first, x_in, (size_t)(N * C) * sizeof(float));
   }
   float *last = slot_rows(mr->x_final, slot, mr->tokens, C);
-  for (int64_t l = 0; l < mr->n_layers; l++)
-    forward_layer(mr, acts_of(mr, slot, l), l, b,
-                  l + 1 < mr->n_layers ? acts_of(mr, slot, l + 1)->x_in : last);
+  for (int64_t l = 0; l < mr->n_layers; l++) {
+    ff_layer_saved *sv;
+    ff_layer_acts *a = layer_acts(mr, slot, l, &sv);
+    bool more = l + 1 < mr->n_layers;
+    float *out = !more ? last : sv ? mr->work_out : acts_of(mr, slot, l + 1)->x_in;
+    forward_layer(mr, a, sv, l, b, out);
+    if (sv && more) { /* the output is the next layer's input */
+      mr->work_out = mr->work.x_in;
+      mr->work.x_in = out;
+    }
+  }
   if (mr->spec.lm_head) {
     k->to_device(mr->targets_in, targets, (size_t)N * sizeof *targets);
     head_forward_backward(mr, last, b, grad_scale, slot_rows(mr->dx_final, slot, mr->tokens, C),
@@ -432,7 +556,7 @@ void ff_model_rank_backward(ff_model_rank *mr, int slot, int64_t b, const float 
   if (!mr->spec.lm_head)
     k->to_device(dx, dx_in, (size_t)(N * C) * sizeof(float));
   for (int64_t l = mr->n_layers - 1; l >= 0; l--) {
-    backward_layer(mr, acts_of(mr, slot, l), l, b, dx);
+    backward_layer(mr, load_layer(mr, slot, l, b), l, b, dx);
     grads_final(mr, (int)(mr->spec.embedding + l * TENSORS_PER_LAYER), TENSORS_PER_LAYER);
   }
   if (mr->spec.embedding) {

@@ -40,6 +40,12 @@ typedef struct ff_layer_acts {
   float *x_in, *h1, *rstd1, *q, *k, *v, *att, *lse, *x_mid, *h2, *rstd2, *gate, *up, *act;
 } ff_layer_acts;
 
+/* The same, stored in bf16 (the row statistics rstd and lse stay fp32). */
+typedef struct ff_layer_saved {
+  uint16_t *x_in, *h1, *q, *k, *v, *att, *x_mid, *h2, *gate, *up, *act;
+  float *rstd1, *rstd2, *lse;
+} ff_layer_saved;
+
 /* Collectives of the rank's tensor-parallel group, where the model needs them; NULL (or a group
  * of one) when the rank holds its layers whole. */
 typedef struct ff_tp_ops {
@@ -59,11 +65,18 @@ typedef struct ff_model_rank {
   int n_tensors;
   int64_t n_params;       /* local floats */
   float *params, *grads, *m, *v;
-  /* activations of up to n_slots micro-batches in flight, each of up to `tokens` tokens */
+  /* activations of up to n_slots micro-batches in flight, each of up to `tokens` tokens: fp32 in
+   * acts, or with bf16_activations in saved (computed in fp32 in the one layer's `work`, each
+   * saved tensor rounded to bf16 as it is made, so forward and backward see the same values) */
   int64_t tokens;
   int n_slots;
-  ff_layer_acts *acts;      /* [slot * n_layers + layer] */
+  bool bf16_activations;
+  ff_layer_acts *acts;      /* [slot * n_layers + layer]; bf16: NULL */
+  ff_layer_saved *saved;    /* [slot * n_layers + layer]; fp32: NULL */
+  ff_layer_acts work;       /* bf16: the layer being computed */
+  float *work_out;          /* bf16: the layer's output, the next layer's input */
   float *acts_block;
+  uint16_t *saved_block;
   float *x_final, *dx_final; /* per slot: the stage's output and (last stage) its gradient */
   int32_t *tokens_in;        /* backend memory, per slot: the input tokens (embedding stage) */
   int32_t *targets_in;       /* backend memory: the targets of the micro-batch (last stage) */
@@ -80,9 +93,11 @@ typedef struct ff_model_rank {
 } ff_model_rank;
 
 /* Build the tensor table and allocate for `n_slots` micro-batches of `micro_batch` sequences in
- * flight (1 for a whole model on one rank; the 1F1B in-flight count of the stage otherwise). */
+ * flight (1 for a whole model on one rank; the 1F1B in-flight count of the stage otherwise),
+ * keeping the activations for backward in bf16 when bf16_activations (bf16 plans), else fp32. */
 ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
-                             const ff_shard_spec *spec, int64_t micro_batch, int n_slots);
+                             const ff_shard_spec *spec, int64_t micro_batch, int n_slots,
+                             bool bf16_activations);
 void ff_model_rank_free(ff_model_rank *mr);
 /* Initial weights from (seed, tensor name, element index in the logical tensor) alone. */
 void ff_model_rank_init_weights(ff_model_rank *mr, uint64_t seed);

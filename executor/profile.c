@@ -144,7 +144,7 @@ static void measure_layer(measure *m, const ff_kernels *k, const ff_model *model
     ff_shard_spec spec = {0, 1, false, false, {0, model->heads}, {0, model->kv_heads},
                           {0, model->ffn_hidden}, {0, 0}};
     ff_model_rank mr;
-    if (ff_model_rank_init(&mr, model, k, &spec, b, 1) != FF_OK)
+    if (ff_model_rank_init(&mr, model, k, &spec, b, 1, !k->host_memory) != FF_OK)
       return;
     ff_model_rank_init_weights(&mr, 1);
     int64_t nc = b * model->seq_len * model->hidden;

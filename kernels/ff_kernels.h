@@ -129,6 +129,11 @@ typedef struct ff_kernels {
    * backend memory, not overlapping; ordered after the work already issued, like a kernel */
   void (*copy_rows)(float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                     int64_t width, int64_t rows);
+
+  /* bf16 storage of activations: dst(n) = src rounded to the nearest bf16 (ties to even; a NaN
+   * stays a NaN), and back (exact). Bit for bit the same on every backend. */
+  void (*to_bf16)(uint16_t *dst, const float *src, int64_t n);
+  void (*from_bf16)(float *dst, const uint16_t *src, int64_t n);
 } ff_kernels;
 
 /* The CPU backend (always present). threads: BLAS threads per rank (1 by default). */

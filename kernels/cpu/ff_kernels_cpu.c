@@ -473,6 +473,24 @@ static void copy_rows(float *restrict dst, int64_t dst_stride, const float *rest
     memcpy(dst + r * dst_stride, src + r * src_stride, (size_t)width * sizeof *dst);
 }
 
+static void to_bf16(uint16_t *restrict dst, const float *restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t bits;
+    memcpy(&bits, &src[i], sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it one, quiet */
+      dst[i] = (uint16_t)((bits >> 16) | 0x0040u);
+    else
+      dst[i] = (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  }
+}
+
+static void from_bf16(float *restrict dst, const uint16_t *restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t bits = (uint32_t)src[i] << 16;
+    memcpy(&dst[i], &bits, sizeof bits);
+  }
+}
+
 /* ---- timed entry points ----------------------------------------------------------------- */
 
 static void matmul_fwd(float *out, const float *inp, const float *w, int N, int In, int Out) {
@@ -541,6 +559,8 @@ static const ff_kernels cpu_kernels = {
     .adamw = adamw,
     .sum_squares = sum_squares,
     .copy_rows = copy_rows,
+    .to_bf16 = to_bf16,
+    .from_bf16 = from_bf16,
 };
 
 const ff_kernels *ff_kernels_cpu(int threads) {

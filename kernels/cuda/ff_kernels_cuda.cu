@@ -646,6 +646,29 @@ static double sum_squares(const float *x, int64_t n) {
   return result;
 }
 
+/* ---- bf16 storage: the CPU backend's bit operations, so both round alike ------------------ */
+
+__global__ void to_bf16_kernel(uint16_t *dst, const float *src, int64_t n) {
+  GRID_STRIDE(i, n) {
+    uint32_t bits = __float_as_uint(src[i]);
+    dst[i] = (bits & 0x7fffffffu) > 0x7f800000u
+                 ? (uint16_t)((bits >> 16) | 0x0040u)
+                 : (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  }
+}
+
+__global__ void from_bf16_kernel(float *dst, const uint16_t *src, int64_t n) {
+  GRID_STRIDE(i, n) dst[i] = __uint_as_float((uint32_t)src[i] << 16);
+}
+
+static void to_bf16(uint16_t *dst, const float *src, int64_t n) {
+  LAUNCH_1D(to_bf16_kernel, n, dst, src, n);
+}
+
+static void from_bf16(float *dst, const uint16_t *src, int64_t n) {
+  LAUNCH_1D(from_bf16_kernel, n, dst, src, n);
+}
+
 /* ---- the table and its set-up ----------------------------------------------------------- */
 
 static const ff_kernels cuda_kernels = {
@@ -655,7 +678,7 @@ static const ff_kernels cuda_kernels = {
     cuda_sync, cuda_memory, cuda_op_seconds, matmul_fwd, matmul_bwd, embedding_fwd,
     embedding_bwd, rmsnorm_fwd, rmsnorm_bwd, rope_fwd, rope_bwd, attention_fwd, attention_bwd,
     swiglu_fwd, swiglu_bwd, add, accumulate, scale, ce_row_max, ce_row_sum, ce_loss_grad, adamw,
-    sum_squares, cuda_copy_rows,
+    sum_squares, cuda_copy_rows, to_bf16, from_bf16,
 };
 
 static bool setup_failed(cudaError_t err, const char *what, char *why, size_t why_cap) {

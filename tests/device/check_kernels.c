@@ -170,6 +170,20 @@ static void check_copy_rows(int64_t rows, int64_t width, int64_t stride) {
   drop(src), drop(packed);
 }
 
+/* bf16 storage: rounding and back must be the CPU's bit for bit. */
+static void check_bf16(int64_t n) {
+  pair x = make(n, 1e3), back = output(n);
+  uint16_t *c16 = cpu->alloc((size_t)n * 2), *g16 = gpu->alloc((size_t)n * 2);
+  cpu->to_bf16(c16, x.c, n);
+  cpu->from_bf16(back.c, c16, n);
+  gpu->to_bf16(g16, x.g, n);
+  gpu->from_bf16(back.g, g16, n);
+  check("to_bf16 then from_bf16", back, 0);
+  cpu->release(c16);
+  gpu->release(g16);
+  drop(x), drop(back);
+}
+
 /* Self mode: the checker must fail a kernel that leaves an element unwritten, writes before its
  * output, or compares against a broken reference. Each case runs check() on a doctored pair and
  * counts as passed when check() fails it. */
@@ -327,6 +341,7 @@ int main(int argc, char **argv) {
   check_matmul(512, 2048, 5632, 0);
   if (self) check_the_checker();
   check_copy_rows(33, 40, 96);
+  check_bf16(100003);
   check_embedding(154, 96, 256, 40, 200);
   check_embedding(50, 300, 64, 0, 64);           /* C past one block of threads */
   check_rmsnorm(154, 2048);

@@ -818,6 +818,44 @@ static void copy_rows_moves_a_column_block_and_touches_nothing_else(void **state
   free(src);
 }
 
+/* ---- bf16 storage ----------------------------------------------------------------------- */
+
+static float from_bits(uint32_t b) {
+  float f;
+  memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+static void bf16_rounds_to_nearest_even_and_keeps_nan_and_infinity(void **state) {
+  (void)state;
+  float in[] = {1.0f, from_bits(0x3f808000u), from_bits(0x3f818000u), from_bits(0x3f808001u),
+                -2.5f, INFINITY, -INFINITY, NAN, from_bits(0x7f7fffffu), 0.0f, -0.0f,
+                from_bits(0x00010000u)};
+  uint16_t want[] = {0x3f80, 0x3f80, 0x3f82, 0x3f81, 0xc020, 0x7f80, 0xff80, 0, 0x7f80, 0x0000,
+                     0x8000, 0x0001};
+  enum { N = sizeof in / sizeof *in };
+  uint16_t got[N];
+  float back[N];
+  K->to_bf16(got, in, N);
+  K->from_bf16(back, got, N);
+  for (int i = 0; i < N; i++) {
+    if (isnan(in[i])) {
+      assert_true(isnan(back[i]));
+      continue;
+    }
+    assert_int_equal(got[i], want[i]);
+    assert_true(back[i] == from_bits((uint32_t)want[i] << 16));
+  }
+  /* values that are bf16 already come back unchanged */
+  float exact[] = {0.15625f, -3.0f, 65536.0f, 1e-30f};
+  uint16_t mid[4];
+  float round_trip[4];
+  exact[3] = from_bits(0x0d7f0000u);
+  K->to_bf16(mid, exact, 4);
+  K->from_bf16(round_trip, mid, 4);
+  for (int i = 0; i < 4; i++) assert_true(round_trip[i] == exact[i]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(alloc_returns_zeroed_cache_aligned_memory_and_copies_round_trip),
@@ -848,6 +886,7 @@ int main(void) {
       cmocka_unit_test(adamw_with_zero_gradient_only_decays_the_weights),
       cmocka_unit_test(sum_squares_is_exact_in_double_for_any_length),
       cmocka_unit_test(copy_rows_moves_a_column_block_and_touches_nothing_else),
+      cmocka_unit_test(bf16_rounds_to_nearest_even_and_keeps_nan_and_infinity),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -1044,9 +1044,10 @@ static ff_status setup(dist *d) {
   d->n_next = d->s + 1 < d->pl->n_stages ? d->pl->stages[d->s + 1].n_ranks : 0;
   d->n_prev = d->s > 0 ? d->pl->stages[d->s - 1].n_ranks : 0;
   int64_t NC = d->pl->micro_batch_size * plan->model.seq_len * plan->model.hidden;
-  d->send_fwd = malloc((size_t)(slots * NC) * sizeof(float));
-  d->send_bwd = malloc((size_t)(slots * NC) * sizeof(float));
-  d->recv_buf = malloc((size_t)NC * sizeof(float));
+  /* page-locked on a GPU: the activations cross to and from the device through these */
+  d->send_fwd = d->k->alloc_host((size_t)(slots * NC) * sizeof(float));
+  d->send_bwd = d->k->alloc_host((size_t)(slots * NC) * sizeof(float));
+  d->recv_buf = d->k->alloc_host((size_t)NC * sizeof(float));
   d->req_fwd = calloc((size_t)(slots * (d->n_next + 1)), sizeof *d->req_fwd);
   d->req_bwd = calloc((size_t)(slots * (d->n_prev + 1)), sizeof *d->req_bwd);
   if (!d->send_fwd || !d->send_bwd || !d->recv_buf || !d->req_fwd || !d->req_bwd)
@@ -1135,10 +1136,13 @@ static void teardown(dist *d) {
     ff_plan_eval_free(&d->eval);
   ff_model_rank_free(&d->mr);
   ff_data_free(&d->data);
-  free(d->segs), free(d->tds), free(d->send_fwd), free(d->send_bwd), free(d->recv_buf);
+  free(d->segs), free(d->tds);
   free(d->req_fwd), free(d->req_bwd);
   free(d->packed_at), free(d->sums), free(d->sum_segs);
   if (d->k) {
+    d->k->release_host(d->send_fwd);
+    d->k->release_host(d->send_bwd);
+    d->k->release_host(d->recv_buf);
     d->k->release_host(d->tp_stage);
     d->k->release_host(d->host_block);
     if (d->dp_device) {

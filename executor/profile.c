@@ -144,6 +144,8 @@ static void measure_layer(measure *m, const ff_kernels *k, const ff_model *model
     ff_shard_spec spec = {0, 1, false, false, {0, model->heads}, {0, model->kv_heads},
                           {0, model->ffn_hidden}, {0, 0}};
     ff_model_rank mr;
+    /* on a GPU the layer is timed as bf16 plans train: bf16 tensor-core matmuls (the math that
+     * measure_compute's last pass left set) and activations kept in bf16 */
     if (ff_model_rank_init(&mr, model, k, &spec, b, 1, !k->host_memory) != FF_OK)
       return;
     ff_model_rank_init_weights(&mr, 1);

@@ -149,7 +149,7 @@ FF_TEST_STAGED_CPU=1 mpirun -np 4 "$ffrun" tests/plans/tp4-gqa.json --text LICEN
 # bf16 plans keep the activations for backward in bf16 (rounded as they are made, on every
 # backend). Where no TP group sums partial results in another order the run repeats one rank's
 # bit for bit; with TP a value rounds differently now and then, so the check is bf16's: losses to
-# 1e-4, final weights to 1e-2.
+# 1e-3, final weights to 1e-2.
 bf16_plan() { # plan -> the same plan in bf16 (digests dropped: the training input changed)
   python3 - "$1" "$tmp/bf16-$(basename "$1")" <<'PY'
 import json, sys
@@ -186,7 +186,7 @@ for name in pp2-layers-3to1 everything tp4-gqa; do
   mpirun -np "$(ranks tests/plans/$name.json)" "$ffrun" "$plan" --text LICENSE --steps 5 --quiet \
     --metrics "$tmp/bf16-$name.jsonl" --checkpoint-dir "$tmp/bf16-$name" >"$tmp/bf16.log" 2>&1 ||
     { fail "bf16 $name"; tail -5 "$tmp/bf16.log"; }
-  losses_close "$tmp/bf16-ref.jsonl" "$tmp/bf16-$name.jsonl" 1e-4 || fail "bf16 $name: losses differ"
+  losses_close "$tmp/bf16-ref.jsonl" "$tmp/bf16-$name.jsonl" 1e-3 || fail "bf16 $name: losses differ"
   python3 "$compare" "$tmp/bf16-$name/step-00000005.safetensors" "$tmp/bf16-ref/step-00000005.safetensors" \
     "$tol" >/dev/null || fail "bf16 $name: final weights differ from one rank beyond $tol"
 done

@@ -141,10 +141,12 @@ tokens = med("tokens_per_second") * step
 mm_tflops = 6 * tokens * matmul_params / mm / 1e12 if mm > 0 else 0
 print("median of %d steps: %.3f s/step, %.0f tokens/s, MFU %.1f %% (989 TFLOP/s); split: matmul "
       "%.3f s (%.0f %%, %.0f TFLOP/s = %.0f %% of 989), attention %.3f s (%.0f %%), the rest %.3f s; "
-      "backend memory %.1f GiB (predicted %.1f GiB, which assumes bf16 storage)"
+      "backend memory %.1f GiB, device %.1f GiB (predicted %.1f GiB with the runtime reserve; "
+      "activations kept in bf16)"
       % (len(rows), step, med("tokens_per_second"), 100 * med("mfu"), mm, 100 * mm / step,
          mm_tflops, 100 * mm_tflops / 989, att, 100 * att / step, step - mm - att,
-         rows[-1]["memory_gib"], rows[-1]["predicted"]["memory_gib"]))
+         rows[-1]["memory_gib"], rows[-1].get("device_used_gib", 0),
+         rows[-1]["predicted"]["memory_gib"]))
 PY
 ) && r=measured || r=FAIL
 row "4. llama-1b, 1 GPU, bf16 matmuls" $r "$detail"

@@ -440,15 +440,12 @@ static bool every_rank_owns_a_gpu(const ff_kernels *k) {
   char *all = calloc((size_t)ranks_here, sizeof mine);
   if (!all)
     MPI_Abort(MPI_COMM_WORLD, 1); /* the others wait in the allgather below */
-  int own = mine[0] != '\0';
-  {
-    MPI_Allgather(mine, (int)sizeof mine, MPI_CHAR, all, (int)sizeof mine, MPI_CHAR, host);
-    int me = 0, shared = 0;
-    MPI_Comm_rank(host, &me);
-    for (int r = 0; r < ranks_here; r++)
-      shared += r != me && strcmp(all + (size_t)r * sizeof mine, mine) == 0;
-    own = own && shared == 0;
-  }
+  MPI_Allgather(mine, (int)sizeof mine, MPI_CHAR, all, (int)sizeof mine, MPI_CHAR, host);
+  int me = 0, shared = 0;
+  MPI_Comm_rank(host, &me);
+  for (int r = 0; r < ranks_here; r++)
+    shared += r != me && strcmp(all + (size_t)r * sizeof mine, mine) == 0;
+  int own = mine[0] != '\0' && shared == 0;
   free(all);
   MPI_Comm_free(&host);
   MPI_Allreduce(MPI_IN_PLACE, &own, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);

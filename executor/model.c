@@ -7,7 +7,9 @@
  *   x_out = x_mid + act·Wdᵀ
  * and the backward pass walks the same list in reverse. Where a tensor-parallel group would
  * all-reduce (after the row-parallel Wo and Wd, and the input gradients of the column-parallel
- * matmuls) this one-rank code holds the whole sums already. */
+ * matmuls) this one-rank code holds the whole sums already. A bf16 plan keeps what the backward
+ * needs in bf16: each such tensor is rounded as it is made (keep) and unpacked for the backward
+ * (load_layer), the layer itself computed in fp32 in one work set. */
 #define _POSIX_C_SOURCE 200809L
 #include "model.h"
 

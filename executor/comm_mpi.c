@@ -198,13 +198,14 @@ static const ff_comm_backend mpi_backend = {
     iallreduce_sum, ff_mpi_test, allgather, reduce_scatter_sum, bcast, ff_mpi_isend, ff_mpi_recv,
     ff_mpi_wait, group_nothing, group_nothing, no_device_seconds, abort_job, finalize};
 
+const ff_comm_backend *ff_comm_mpi(void) { return &mpi_backend; }
+
 /* The same operations under another name and flag: MPI reads the staged CPU backend's "device"
  * memory directly, since it is host memory. */
-static const ff_comm_backend mpi_device_backend = {
-    "mpi-device", true, world, rank, size, split, release, allreduce_sum, allreduce_max,
-    allreduce_sum_f64, iallreduce_sum, ff_mpi_test, allgather, reduce_scatter_sum, bcast,
-    ff_mpi_isend, ff_mpi_recv, ff_mpi_wait, group_nothing, group_nothing, no_device_seconds,
-    abort_job, finalize};
-
-const ff_comm_backend *ff_comm_mpi(void) { return &mpi_backend; }
-const ff_comm_backend *ff_comm_mpi_device(void) { return &mpi_device_backend; }
+const ff_comm_backend *ff_comm_mpi_device(void) {
+  static ff_comm_backend device;
+  device = mpi_backend;
+  device.name = "mpi-device";
+  device.device_buffers = true;
+  return &device;
+}

@@ -53,8 +53,7 @@ typedef struct dp_sum {
   int first, count;   /* its segments: sum_segs[first, first + count), in reverse global order */
   bool in_place;      /* back to back in every member's block: summed where they are */
   int64_t start, n;   /* in place: the range of sums_on; else: where they are packed */
-  ff_request *req;
-  bool started;
+  ff_request *req;    /* NULL until started in the step */
 } dp_sum;
 
 typedef struct group_cache {
@@ -344,28 +343,6 @@ static ff_status build_segments(dist *d) {
 
 /* ---- gradient synchronisation ----------------------------------------------------------- */
 
-/* Copy a segment of tensor t (in block `base`) in or out of a packed buffer (scaled on the way
- * out). */
-static int64_t pack(const ff_tensor *t, const seg *sg, float *base, float *buf, bool out, float w) {
-  int64_t width = t->col_end - t->col_first, n = 0;
-  int64_t r0 = sg->cols ? t->row_first : sg->a, r1 = sg->cols ? t->row_end : sg->b;
-  int64_t c0 = sg->cols ? sg->a : t->col_first, c1 = sg->cols ? sg->b : t->col_end;
-  for (int64_t r = r0; r < r1; r++) {
-    float *row = base + t->offset + (r - t->row_first) * width + (c0 - t->col_first);
-    for (int64_t c = 0; c < c1 - c0; c++, n++) {
-      if (out)
-        buf[n] = row[c] * w;
-      else
-        row[c] = buf[n];
-    }
-  }
-  return n;
-}
-
-static int64_t seg_pack(const dist *d, const seg *sg, float *base, float *buf, bool out, float w) {
-  return pack(&d->mr.tensors[sg->tensor], sg, base, buf, out, w);
-}
-
 /* Where a segment of tensor t starts in its block, how many rows of how many floats it has, and
  * the row stride there. */
 typedef struct seg_shape {
@@ -381,6 +358,25 @@ static seg_shape shape_of(const ff_tensor *t, const seg *sg) {
 }
 
 static bool contiguous(seg_shape sh) { return sh.width == sh.stride || sh.rows <= 1; }
+
+/* A segment of shape sh in host block `base` to a packed buffer (out) or back. */
+static void move_seg(seg_shape sh, float *base, float *packed, bool out) {
+  for (int64_t r = 0; r < sh.rows; r++) {
+    float *row = base + sh.start + r * sh.stride, *p = packed + r * sh.width;
+    memcpy(out ? p : row, out ? row : p, (size_t)sh.width * sizeof *row);
+  }
+}
+
+/* Copy a segment of tensor t (in host block `base`) in or out of a packed buffer. */
+static int64_t pack(const ff_tensor *t, const seg *sg, float *base, float *buf, bool out) {
+  seg_shape sh = shape_of(t, sg);
+  move_seg(sh, base, buf, out);
+  return sh.rows * sh.width;
+}
+
+static int64_t seg_pack(const dist *d, const seg *sg, float *base, float *buf, bool out) {
+  return pack(&d->mr.tensors[sg->tensor], sg, base, buf, out);
+}
 
 /* Does the stage share kv heads between TP ranks (each then holds a partial gradient of them)? */
 static bool shares_kv(const ff_plan_stage *st) {
@@ -429,19 +425,12 @@ static void scale_range(dist *d, float *x, int64_t n, float w) {
 /* A segment between its place in sums_on and a packed copy (to the copy when out). */
 static void move_rows(dist *d, seg_shape sh, float *packed, bool out) {
   float *at = d->sums_on + sh.start;
-  if (d->dp_device) {
-    if (out)
-      d->k->copy_rows(packed, sh.width, at, sh.stride, sh.width, sh.rows);
-    else
-      d->k->copy_rows(at, sh.stride, packed, sh.width, sh.width, sh.rows);
-    return;
-  }
-  for (int64_t r = 0; r < sh.rows; r++) {
-    if (out)
-      memcpy(packed + r * sh.width, at + r * sh.stride, (size_t)sh.width * sizeof *at);
-    else
-      memcpy(at + r * sh.stride, packed + r * sh.width, (size_t)sh.width * sizeof *at);
-  }
+  if (!d->dp_device)
+    move_seg(sh, d->sums_on, packed, out);
+  else if (out)
+    d->k->copy_rows(packed, sh.width, at, sh.stride, sh.width, sh.rows);
+  else
+    d->k->copy_rows(at, sh.stride, packed, sh.width, sh.width, sh.rows);
 }
 
 static seg_shape shape_at(const dist *d, int i) {
@@ -462,7 +451,6 @@ static void start_sum(dist *d, dp_sum *ds) {
   }
   float *buf = ds->in_place ? d->sums_on + ds->start : d->packed + ds->start;
   ds->req = d->c->iallreduce_sum(d->cache[ds->cache].group, buf, ds->n);
-  ds->started = true;
 }
 
 /* The bucket of a hook's tensors [first, ...) (see ff_model_rank.grads_final). */
@@ -498,9 +486,9 @@ static void grads_final(void *ctx, int first, int n) {
         sum_shared_kv(d, &T[i]);
   int bucket = bucket_of(d, first);
   for (int i = 0; i < d->n_sums; i++) {
-    if (d->sums[i].bucket == bucket && !d->sums[i].started)
+    if (d->sums[i].bucket == bucket && !d->sums[i].req)
       start_sum(d, &d->sums[i]);
-    else if (d->sums[i].started) /* let the sums started before move on */
+    else if (d->sums[i].req) /* let the sums started before move on */
       d->c->test(d->sums[i].req);
   }
   d->t_dp += now() - t0;
@@ -531,14 +519,13 @@ static double seg_sumsq(dist *d, int i) {
 static double finish_gradients(dist *d) {
   for (int k = 0; k < d->n_sums; k++) {
     dp_sum *ds = &d->sums[k];
-    if (!ds->started) { /* a bucket the model never reported: a bug, not an input */
+    if (!ds->req) { /* a bucket the model never reported: a bug, not an input */
       fprintf(stderr, "ffrun: rank %d: internal error: the gradient sum of bucket %d never "
               "started\n", d->rank, ds->bucket);
       d->c->abort(1);
     }
     d->c->wait(ds->req);
     ds->req = NULL;
-    ds->started = false;
     if (!ds->in_place)
       for (int j = 0; j < ds->count; j++) {
         int i = d->sum_segs[ds->first + j];
@@ -607,7 +594,7 @@ static ff_status plan_sums(dist *d) {
       last->count++;
       continue;
     }
-    d->sums[d->n_sums++] = (dp_sum){sg->bucket, sg->cache, j, 1, false, 0, 0, NULL, false};
+    d->sums[d->n_sums++] = (dp_sum){sg->bucket, sg->cache, j, 1, false, 0, 0, NULL};
   }
   for (int g = 0; g < d->n_cache; g++) { /* the members of group g agree on in_place */
     if (!d->cache[g].group)
@@ -651,12 +638,15 @@ static ff_status setup_sums(dist *d) {
     if (!ds->in_place)
       packed += ds->n;
   }
-  for (int i = 0; i < d->n_segs; i++) /* on the device the norm needs a segment contiguous too */
-    if (d->dp_device && d->segs[i].tensor >= 0 && !d->segs[i].group && d->segs[i].norm_owner &&
-        !contiguous(shape_at(d, i))) {
+  for (int i = 0; d->dp_device && i < d->n_segs; i++) { /* the norm on the device: contiguous */
+    if (d->segs[i].tensor < 0 || d->segs[i].group || !d->segs[i].norm_owner)
+      continue;
+    seg_shape sh = shape_at(d, i);
+    if (!contiguous(sh)) {
       d->packed_at[i] = packed;
-      packed += shape_at(d, i).rows * shape_at(d, i).width;
+      packed += sh.rows * sh.width;
     }
+  }
   if (shares_kv(d->st))
     for (int i = 0; i < d->mr.n_tensors; i++)
       if (is_kv(&d->mr.tensors[i]) && d->mr.tensors[i].rows * d->mr.tensors[i].cols > kv)
@@ -884,7 +874,7 @@ static ff_status save(dist *d, int64_t step, float *buf) {
       int tag = checkpoint_tag(i, w);
       int64_t n = 0;
       if (sg->owner == d->rank) {
-        n = seg_pack(d, sg, mine, buf, true, 1.0f);
+        n = seg_pack(d, sg, mine, buf, true);
         if (!root)
           d->c->wait(d->c->isend(buf, (size_t)n * sizeof *buf, 0, tag));
       }
@@ -895,7 +885,7 @@ static ff_status save(dist *d, int64_t step, float *buf) {
       int64_t len = (sg->b - sg->a) * (sg->cols ? t->rows : t->cols);
       if (sg->owner != 0)
         d->c->recv(buf, (size_t)len * sizeof *buf, sg->owner, tag);
-      pack(t, sg, theirs[w], buf, false, 1.0f);
+      pack(t, sg, theirs[w], buf, false);
     }
   }
   ff_status st = FF_OK;

@@ -719,14 +719,14 @@ extern "C" const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math,
                    why, why_cap) ||
       setup_failed(cudaMalloc(&g.sumsq_partial, (SUMSQ_BLOCKS + 1) * sizeof(double)),
                    "cudaMalloc (reduction scratch)", why, why_cap);
-  int events = 0;
-  for (; !failed && events < OP_RING; events++) {
+  int events = 0; /* pairs made */
+  while (!failed && events < OP_RING) {
     failed = setup_failed(cudaEventCreate(&g.op_start[events]), "cudaEventCreate", why, why_cap);
     if (!failed && setup_failed(cudaEventCreate(&g.op_stop[events]), "cudaEventCreate", why, why_cap)) {
       cudaEventDestroy(g.op_start[events]);
       failed = true;
     }
-    if (failed) break;
+    if (!failed) events++;
   }
   bool lt = !failed && cublasLtCreate(&g.lt) == CUBLAS_STATUS_SUCCESS;
   bool blas = lt && cublasCreate(&g.blas) == CUBLAS_STATUS_SUCCESS;

@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
   ff_diag d;
   ff_diag_init(&d, NULL);
   ff_data data;
-  if (ff_model_rank_init(&mr, &m, k, &spec, mbs, 1, false) != FF_OK ||
+  if (ff_model_rank_init(&mr, &m, k, &spec, mbs, 1, false, FF_RECOMPUTE_NONE) != FF_OK ||
       ff_data_load(&data, FF_BENCH_PROFILES_DIR "/../LICENSE", 1, m.vocab, S, &d) != FF_OK) {
     ff_diag_print(&d, stderr);
     return 1;

@@ -864,7 +864,8 @@ static ff_status save(dist *d, int64_t step, float *buf) {
                         {0, d->plan->model.vocab}};
   bool root = d->rank == 0;
   /* rank 0 assembles the logical tensors in host memory, whatever backend trains */
-  if (root && ff_model_rank_init(&full, &d->plan->model, ff_kernels_cpu(1), &spec, 1, 1, false) != FF_OK)
+  if (root && ff_model_rank_init(&full, &d->plan->model, ff_kernels_cpu(1), &spec, 1, 1, false,
+                                   FF_RECOMPUTE_NONE) != FF_OK)
     d->c->abort(1);
   float *blocks[3] = {d->mr.params, d->mr.m, d->mr.v};
   for (int w = 0; w < 3; w++) {
@@ -1024,7 +1025,7 @@ static ff_status setup(dist *d) {
   d->tp_ops = (ff_tp_ops){d, d->st->n_ranks, tp_sum, tp_max};
   int slots = (int)ff_sim_in_flight(plan->training.schedule, d->pl->n_stages, d->s, d->pl->micro_batches);
   if (ff_model_rank_init(&d->mr, &plan->model, d->k, &spec, d->pl->micro_batch_size, slots,
-                         plan->training.precision == FF_PRECISION_BF16) != FF_OK)
+                         plan->training.precision == FF_PRECISION_BF16, d->st->recompute) != FF_OK)
     return FF_ERR_RUNTIME;
   d->mr.tp = &d->tp_ops;
   ff_model_rank_init_weights(&d->mr, (uint64_t)plan->training.seed);

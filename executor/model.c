@@ -160,18 +160,20 @@ static float *carve(float **at, int64_t n) {
   return p;
 }
 
-static void carve_layer(ff_layer_acts *a, float **at, dims d) {
+/* One layer's fp32 activations; the row statistics (rstd1, rstd2, lse) only with `stats`: a
+ * work set under bf16 storage points them at the saved ones instead. */
+static void carve_layer(ff_layer_acts *a, float **at, dims d, bool stats) {
   a->x_in = carve(at, d.N * d.C);
   a->h1 = carve(at, d.N * d.C);
-  a->rstd1 = carve(at, d.N);
+  a->rstd1 = stats ? carve(at, d.N) : NULL;
   a->q = carve(at, d.N * d.Hl * d.D);
   a->k = carve(at, d.N * d.Kl * d.D);
   a->v = carve(at, d.N * d.Kl * d.D);
   a->att = carve(at, d.N * d.Hl * d.D);
-  a->lse = carve(at, d.N * d.Hl);
+  a->lse = stats ? carve(at, d.N * d.Hl) : NULL;
   a->x_mid = carve(at, d.N * d.C);
   a->h2 = carve(at, d.N * d.C);
-  a->rstd2 = carve(at, d.N);
+  a->rstd2 = stats ? carve(at, d.N) : NULL;
   a->gate = carve(at, d.N * d.Fl);
   a->up = carve(at, d.N * d.Fl);
   a->act = carve(at, d.N * d.Fl);
@@ -190,8 +192,10 @@ static uint16_t *carve_half(uint16_t **at, int64_t n) {
   return p;
 }
 
-static void carve_saved(ff_layer_saved *s, uint16_t **half, float **full, dims d) {
-  s->x_in = carve_half(half, d.N * d.C);
+/* A layer's bf16 copies and fp32 statistics; x_in only `with_x_in` (full recompute keeps each
+ * layer's x_in apart and shares the rest). */
+static void carve_saved(ff_layer_saved *s, uint16_t **half, float **full, dims d, bool with_x_in) {
+  s->x_in = with_x_in ? carve_half(half, d.N * d.C) : NULL;
   s->h1 = carve_half(half, d.N * d.C);
   s->q = carve_half(half, d.N * d.Hl * d.D);
   s->k = carve_half(half, d.N * d.Kl * d.D);
@@ -207,9 +211,21 @@ static void carve_saved(ff_layer_saved *s, uint16_t **half, float **full, dims d
   s->lse = carve(full, d.N * d.Hl);
 }
 
+/* Floats of scratch_a: the widest backward temporaries (three FFN-wide, or d att, dq, dk, dv)
+ * and the forward's matmul output; scratch_b and scratch_c hold N·C each. */
+static int64_t scratch_a_floats(dims d) {
+  int64_t wide = d.Fl > d.Hl * d.D ? d.Fl : d.Hl * d.D;
+  int64_t n = d.C;
+  if (3 * wide > n)
+    n = 3 * wide;
+  if (2 * d.Hl * d.D + 2 * d.Kl * d.D > n)
+    n = 2 * d.Hl * d.D + 2 * d.Kl * d.D;
+  return d.N * n;
+}
+
 ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
                              const ff_shard_spec *spec, int64_t micro_batch, int n_slots,
-                             bool bf16_activations) {
+                             bool bf16_activations, ff_recompute recompute) {
   memset(mr, 0, sizeof *mr);
   mr->model = model;
   mr->k = k;
@@ -227,23 +243,29 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   mr->m = k->alloc(pbytes);
   mr->v = k->alloc(pbytes);
   dims d = model_dims(mr, mr->tokens);
-  int64_t widest = d.C;
-  int64_t cand[] = {d.Hl * d.D, d.Fl, d.Vl};
-  for (int i = 0; i < 3; i++)
-    if (cand[i] > widest)
-      widest = cand[i];
   int64_t slots = mr->n_slots, held = slots * mr->n_layers;
-  mr->bf16_activations = bf16_activations && mr->n_layers > 0;
-  /* fp32: every layer's activations; bf16: their row statistics, one layer's work and its output */
-  int64_t per_layer = mr->bf16_activations ? 0 : held * layer_acts_floats(d);
-  int64_t bf16_floats = mr->bf16_activations
-                            ? held * layer_saved_floats(d) + layer_acts_floats(d) + d.N * d.C
-                            : 0;
-  int64_t total = per_layer + bf16_floats + slots * d.N * d.C * 2 + d.N * d.C + d.N * 4 +
-                  d.N * d.Vl + d.N * widest * 8;
+  bool layers = mr->n_layers > 0, bf16 = bf16_activations && layers;
+  bool full = recompute == FF_RECOMPUTE_FULL && layers;
+  mr->bf16_activations = bf16;
+  mr->recompute_full = full;
+  /* Saved per layer and micro-batch: every activation the backward reads, in fp32 or bf16 (row
+   * statistics fp32); with full recompute only the layer's input, the rest recomputed from it in
+   * the one work set. A work set (with its output) exists under bf16 storage or full recompute;
+   * it carves its own statistics only under fp32 full recompute (bf16 points them at saved). */
+  bool work = bf16 || full, work_stats = full && !bf16;
+  int64_t kept_floats = bf16   ? (full ? layer_saved_floats(d) : held * layer_saved_floats(d))
+                        : full ? held * d.N * d.C
+                               : held * layer_acts_floats(d);
+  int64_t kept_halves = !bf16 ? 0
+                        : full ? held * d.N * d.C + layer_saved_halves(d) - d.N * d.C
+                               : held * layer_saved_halves(d);
+  int64_t work_floats =
+      work ? layer_acts_floats(d) - (work_stats ? 0 : layer_saved_floats(d)) + d.N * d.C : 0;
+  int64_t total = kept_floats + work_floats + slots * d.N * d.C * 2 + d.N * d.C + d.N * 4 +
+                  (spec->lm_head ? d.N * d.Vl : 0) + scratch_a_floats(d) + d.N * d.C * 2;
   mr->acts_block = k->alloc((size_t)total * sizeof(float));
-  if (mr->bf16_activations) {
-    mr->saved_block = k->alloc((size_t)(held * layer_saved_halves(d)) * sizeof(uint16_t));
+  if (bf16) {
+    mr->saved_block = k->alloc((size_t)kept_halves * sizeof(uint16_t));
     mr->saved = calloc((size_t)held, sizeof *mr->saved);
   } else {
     mr->acts = calloc((size_t)(held ? held : 1), sizeof *mr->acts);
@@ -252,23 +274,38 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   mr->targets_in = k->alloc((size_t)d.N * sizeof *mr->targets_in);
   mr->inputs = malloc((size_t)d.N * sizeof *mr->inputs);
   mr->targets = malloc((size_t)d.N * sizeof *mr->targets);
-  bool stored = mr->bf16_activations ? mr->saved_block && mr->saved : mr->acts != NULL;
+  bool stored = bf16 ? mr->saved_block && mr->saved : mr->acts != NULL;
   if (!mr->params || !mr->grads || !mr->m || !mr->v || !mr->acts_block || !stored ||
       !mr->tokens_in || !mr->targets_in || !mr->inputs || !mr->targets) {
     ff_model_rank_free(mr);
     return FF_ERR_RUNTIME;
   }
   float *at = mr->acts_block;
-  if (mr->bf16_activations) {
-    uint16_t *half = mr->saved_block;
+  uint16_t *half = mr->saved_block;
+  if (bf16 && full) { /* one shared set; each layer and micro-batch keeps its own x_in */
+    ff_layer_saved shared;
+    carve_saved(&shared, &half, &at, d, false);
+    for (int64_t i = 0; i < held; i++) {
+      mr->saved[i] = shared;
+      mr->saved[i].x_in = carve_half(&half, d.N * d.C);
+    }
+  } else if (bf16) {
     for (int64_t i = 0; i < held; i++)
-      carve_saved(&mr->saved[i], &half, &at, d);
-    carve_layer(&mr->work, &at, d);
-    mr->work_out = carve(&at, d.N * d.C);
-  } else {
-    for (int64_t i = 0; i < held; i++)
-      carve_layer(&mr->acts[i], &at, d);
+      carve_saved(&mr->saved[i], &half, &at, d, true);
   }
+  if (work) {
+    carve_layer(&mr->work, &at, d, work_stats);
+    mr->work_out = carve(&at, d.N * d.C);
+  }
+  if (!bf16)
+    for (int64_t i = 0; i < held; i++) {
+      if (full) { /* the work set, but for its own x_in */
+        mr->acts[i] = mr->work;
+        mr->acts[i].x_in = carve(&at, d.N * d.C);
+      } else {
+        carve_layer(&mr->acts[i], &at, d, true);
+      }
+    }
   mr->x_final = carve(&at, slots * d.N * d.C);
   mr->dx_final = carve(&at, slots * d.N * d.C);
   mr->h_final = carve(&at, d.N * d.C);
@@ -276,10 +313,10 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   mr->row_max = carve(&at, d.N);
   mr->row_sum = carve(&at, d.N);
   mr->loss = carve(&at, d.N);
-  mr->logits = carve(&at, d.N * d.Vl);
-  mr->scratch_a = carve(&at, d.N * widest * 4);
-  mr->scratch_b = carve(&at, d.N * widest * 2);
-  mr->scratch_c = carve(&at, d.N * widest * 2);
+  mr->logits = spec->lm_head ? carve(&at, d.N * d.Vl) : NULL;
+  mr->scratch_a = carve(&at, scratch_a_floats(d));
+  mr->scratch_b = carve(&at, d.N * d.C);
+  mr->scratch_c = carve(&at, d.N * d.C);
   return FF_OK;
 }
 
@@ -365,15 +402,27 @@ static ff_layer_acts *layer_acts(ff_model_rank *mr, int slot, int64_t l, ff_laye
   return &mr->work;
 }
 
-/* bf16 storage: the saved layer back into the work set for its backward. */
+static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_saved *sv, int64_t l,
+                          int64_t b, float *x_out);
+
+/* The layer's activations for its backward: as saved (fp32), unpacked from bf16 into the work
+ * set, or, under full recompute, its forward run again from its kept input into the work set.
+ * The recomputed values are the first forward's bit for bit: same kernels, same inputs, the
+ * same bf16 rounding, and its tensor-parallel sums taken again by the whole group. */
 static ff_layer_acts *load_layer(ff_model_rank *mr, int slot, int64_t l, int64_t b) {
   ff_layer_saved *sv;
   ff_layer_acts *a = layer_acts(mr, slot, l, &sv);
-  if (!sv)
-    return a;
   const ff_kernels *k = mr->k;
   dims d = model_dims(mr, b * mr->model->seq_len);
   int64_t NC = d.N * d.C, nq = d.N * d.Hl * d.D, nk = d.N * d.Kl * d.D, nf = d.N * d.Fl;
+  if (mr->recompute_full) {
+    if (sv)
+      k->from_bf16(a->x_in, sv->x_in, NC);
+    forward_layer(mr, a, sv, l, b, mr->work_out);
+    return a;
+  }
+  if (!sv)
+    return a;
   k->from_bf16(a->x_in, sv->x_in, NC);
   k->from_bf16(a->h1, sv->h1, NC);
   k->from_bf16(a->q, sv->q, nq);

@@ -67,14 +67,17 @@ typedef struct ff_model_rank {
   float *params, *grads, *m, *v;
   /* activations of up to n_slots micro-batches in flight, each of up to `tokens` tokens: fp32 in
    * acts, or with bf16_activations in saved (computed in fp32 in the one layer's `work`, each
-   * saved tensor rounded to bf16 as it is made, so forward and backward see the same values) */
+   * saved tensor rounded to bf16 as it is made, so forward and backward see the same values).
+   * With recompute_full a layer keeps only its input x_in; every other entry of acts or saved
+   * points into one shared set, and the backward runs the layer's forward again into it. */
   int64_t tokens;
   int n_slots;
   bool bf16_activations;
+  bool recompute_full;
   ff_layer_acts *acts;      /* [slot * n_layers + layer]; bf16: NULL */
   ff_layer_saved *saved;    /* [slot * n_layers + layer]; fp32: NULL */
-  ff_layer_acts work;       /* bf16: the layer being computed */
-  float *work_out;          /* bf16: the layer's output, the next layer's input */
+  ff_layer_acts work;       /* bf16 or full recompute: the layer being computed */
+  float *work_out;          /* the work set's output: the next layer's input, or discarded */
   float *acts_block;
   uint16_t *saved_block;
   float *x_final, *dx_final; /* per slot: the stage's output and (last stage) its gradient */
@@ -94,10 +97,13 @@ typedef struct ff_model_rank {
 
 /* Build the tensor table and allocate for `n_slots` micro-batches of `micro_batch` sequences in
  * flight (1 for a whole model on one rank; the 1F1B in-flight count of the stage otherwise),
- * keeping the activations for backward in bf16 when bf16_activations (bf16 plans), else fp32. */
+ * keeping the activations for backward in bf16 when bf16_activations (bf16 plans), else fp32.
+ * FF_RECOMPUTE_FULL keeps only each layer's input; `none` and `selective` keep the same (this
+ * attention never stores its scores, which is all selective recompute would drop). What is
+ * allocated is what ff_mem_rank_activations (common/ff_cost.h) predicts. */
 ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
                              const ff_shard_spec *spec, int64_t micro_batch, int n_slots,
-                             bool bf16_activations);
+                             bool bf16_activations, ff_recompute recompute);
 void ff_model_rank_free(ff_model_rank *mr);
 /* Initial weights from (seed, tensor name, element index in the logical tensor) alone. */
 void ff_model_rank_init_weights(ff_model_rank *mr, uint64_t seed);

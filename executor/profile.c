@@ -146,7 +146,7 @@ static void measure_layer(measure *m, const ff_kernels *k, const ff_model *model
     ff_model_rank mr;
     /* on a GPU the layer is timed as bf16 plans train: bf16 tensor-core matmuls (the math that
      * measure_compute's last pass left set) and activations kept in bf16 */
-    if (ff_model_rank_init(&mr, model, k, &spec, b, 1, !k->host_memory) != FF_OK)
+    if (ff_model_rank_init(&mr, model, k, &spec, b, 1, !k->host_memory, FF_RECOMPUTE_NONE) != FF_OK)
       return;
     ff_model_rank_init_weights(&mr, 1);
     int64_t nc = b * model->seq_len * model->hidden;

@@ -244,7 +244,7 @@ static ff_status setup(run *r) {
   ff_digest_json(mj, r->model_digest);
   cJSON_Delete(mj);
   if (ff_model_rank_init(&r->mr, &plan->model, r->k, &spec, plan->pipelines[0].micro_batch_size, 1,
-                         plan->training.precision == FF_PRECISION_BF16) != FF_OK) {
+                         plan->training.precision == FF_PRECISION_BF16, st->recompute) != FF_OK) {
     fprintf(stderr, "ffrun: out of memory for the model's parameters and activations\n");
     return FF_ERR_RUNTIME;
   }

@@ -4,9 +4,9 @@
 # 8, oversubscribed on the CPU backend); the loss at every step and every final weight must agree
 # with the one-rank run to relative 1e-5. Then: 3 steps under one plan, a checkpoint, and 3 more
 # under another plan equal 6 steps on one rank; and a killed rank ends the whole job with a
-# non-zero status within 60 s, leaving the last checkpoint intact. The copying paths of the GPU
-# backend are taken on the CPU too (FF_TEST_STAGED_CPU, FF_TEST_DEVICE_COMM), and --comm is
-# checked.
+# non-zero status within 60 s, leaving the last checkpoint intact; full recompute changes no
+# value. The copying paths of the GPU backend are taken on the CPU too (FF_TEST_STAGED_CPU,
+# FF_TEST_DEVICE_COMM), and --comm is checked.
 set -u
 ffrun=$1
 tmp=$(mktemp -d)
@@ -189,6 +189,51 @@ for name in pp2-layers-3to1 everything tp4-gqa; do
   losses_close "$tmp/bf16-ref.jsonl" "$tmp/bf16-$name.jsonl" 1e-3 || fail "bf16 $name: losses differ"
   python3 "$compare" "$tmp/bf16-$name/step-00000005.safetensors" "$tmp/bf16-ref/step-00000005.safetensors" \
     "$tol" >/dev/null || fail "bf16 $name: final weights differ from one rank beyond $tol"
+done
+
+# Full recompute keeps only each layer's input and runs the layer's forward again in its
+# backward: the same kernels on the same inputs, so a plan trains bit for bit as it does without
+# it, in fp32 and in bf16, and its first stage keeps less. Odd stages take `selective`, which keeps
+# what `none` keeps (this attention never stores its scores).
+recompute_plan() { # plan precision -> the plan with even stages full, odd ones selective
+  python3 - "$1" "$tmp/rc-$2-$(basename "$1")" "$2" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["inputs"].pop("digests", None)
+p["inputs"]["training"]["precision"] = sys.argv[3]
+p["inputs"]["training"]["recompute"] = "auto"
+for pl in p["pipelines"]:
+    for i, st in enumerate(pl["stages"]):
+        st["recompute"] = "full" if i % 2 == 0 else "selective"
+json.dump(p, open(sys.argv[2], "w"), indent=2)
+PY
+  echo "$tmp/rc-$2-$(basename "$1")"
+}
+for name in one-rank pp2-layers-3to1 everything; do
+  for precision in fp32 bf16; do
+    checks=$((checks + 3))
+    base=$name launch=(mpirun -np "$(ranks tests/plans/$name.json)")
+    [ "$precision" = bf16 ] && base=bf16-$name
+    if [ "$name" = one-rank ]; then # against the one-rank references, run as they were
+      base=ref launch=()
+      [ "$precision" = bf16 ] && base=bf16-ref
+    fi
+    metrics=$tmp/$base.jsonl
+    [ "$base" = ref ] && metrics=$tmp/ref5.jsonl
+    "${launch[@]}" "$ffrun" "$(recompute_plan tests/plans/$name.json $precision)" \
+      --text LICENSE --steps 5 --quiet --metrics "$tmp/rc-$base.jsonl" --checkpoint-dir "$tmp/rc-$base" \
+      >"$tmp/rc.log" 2>&1 || { fail "recompute $precision $name"; tail -5 "$tmp/rc.log"; }
+    losses_close "$metrics" "$tmp/rc-$base.jsonl" 0 ||
+      fail "recompute $precision $name: losses differ from the plan without recompute"
+    python3 "$compare" "$tmp/rc-$base/step-00000005.safetensors" "$tmp/$base/step-00000005.safetensors" 0 \
+      >/dev/null || fail "recompute $precision $name: final weights differ from the plan without recompute"
+    python3 - "$metrics" "$tmp/rc-$base.jsonl" <<'PY' || fail "recompute $precision $name: stage 0 keeps no less"
+import json, sys
+last = [json.loads(open(f).readlines()[-1]) for f in sys.argv[1:3]]
+a, b = (j.get("stages", [j])[0]["memory_gib"] for j in last)
+sys.exit(0 if b < a else 1)
+PY
+  done
 done
 
 echo "distributed: $checks checks, $failures failed"

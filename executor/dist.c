@@ -864,8 +864,7 @@ static ff_status save(dist *d, int64_t step, float *buf) {
                         {0, d->plan->model.vocab}};
   bool root = d->rank == 0;
   /* rank 0 assembles the logical tensors in host memory, whatever backend trains */
-  if (root && ff_model_rank_init(&full, &d->plan->model, ff_kernels_cpu(1), &spec, 1, 1, false,
-                                   FF_RECOMPUTE_NONE) != FF_OK)
+  if (root && ff_model_rank_init_tensors(&full, &d->plan->model, ff_kernels_cpu(1), &spec) != FF_OK)
     d->c->abort(1);
   float *blocks[3] = {d->mr.params, d->mr.m, d->mr.v};
   for (int w = 0; w < 3; w++) {

@@ -223,20 +223,28 @@ static int64_t scratch_a_floats(dims d) {
   return d.N * n;
 }
 
-ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
-                             const ff_shard_spec *spec, int64_t micro_batch, int n_slots,
-                             bool bf16_activations, ff_recompute recompute) {
+/* A cleared rank of this model and shard with its tensor table. */
+static ff_status init_table(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
+                            const ff_shard_spec *spec) {
   memset(mr, 0, sizeof *mr);
   mr->model = model;
   mr->k = k;
   mr->spec = *spec;
   mr->n_layers = spec->layer_end - spec->layer_first;
+  return build_table(mr) == FF_OK ? FF_OK : FF_ERR_RUNTIME;
+}
+
+ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
+                             const ff_shard_spec *spec, int64_t micro_batch, int n_slots,
+                             bool bf16_activations, ff_recompute recompute) {
+  if (model->tied_embeddings && spec->lm_head && !spec->embedding) {
+    memset(mr, 0, sizeof *mr);
+    return FF_ERR_INPUT; /* the caller explains: tied embeddings across stages */
+  }
+  if (init_table(mr, model, k, spec) != FF_OK)
+    return FF_ERR_RUNTIME;
   mr->tokens = micro_batch * model->seq_len;
   mr->n_slots = n_slots < 1 ? 1 : n_slots;
-  if (model->tied_embeddings && spec->lm_head && !spec->embedding)
-    return FF_ERR_INPUT; /* the caller explains: tied embeddings across stages */
-  if (build_table(mr) != FF_OK)
-    return FF_ERR_RUNTIME;
   size_t pbytes = (size_t)mr->n_params * sizeof(float);
   mr->params = k->alloc(pbytes);
   mr->grads = k->alloc(pbytes);
@@ -320,8 +328,28 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   return FF_OK;
 }
 
+ff_status ff_model_rank_init_tensors(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
+                                     const ff_shard_spec *spec) {
+  if (init_table(mr, model, k, spec) != FF_OK)
+    return FF_ERR_RUNTIME;
+  mr->tensors_only = true;
+  size_t pbytes = (size_t)mr->n_params * sizeof(float);
+  mr->params = k->alloc_host(pbytes);
+  mr->m = k->alloc_host(pbytes);
+  mr->v = k->alloc_host(pbytes);
+  if (!mr->params || !mr->m || !mr->v) {
+    ff_model_rank_free(mr);
+    return FF_ERR_RUNTIME;
+  }
+  return FF_OK;
+}
+
 void ff_model_rank_free(ff_model_rank *mr) {
-  if (mr->k) {
+  if (mr->k && mr->tensors_only) {
+    mr->k->release_host(mr->params);
+    mr->k->release_host(mr->m);
+    mr->k->release_host(mr->v);
+  } else if (mr->k) {
     mr->k->release(mr->params);
     mr->k->release(mr->grads);
     mr->k->release(mr->m);

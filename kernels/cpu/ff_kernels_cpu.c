@@ -33,27 +33,35 @@ enum {
 /* ---- memory ----------------------------------------------------------------------------- */
 
 /* What alloc holds now and at most: one process, one thread of allocation, so plain counters.
- * Each block carries its size in a header one alignment unit long, ahead of the pointer. */
+ * Each block carries its size in a header one alignment unit long, ahead of the pointer, and
+ * whether it counts: alloc_host's staging buffers do not, as they are not device memory on a
+ * GPU either, so the peak is the same share of a rank's memory on both backends. */
 static int64_t cpu_allocated_bytes, cpu_peak_bytes;
 
-static void *cpu_alloc(size_t bytes) {
+static void *cpu_alloc_counted(size_t bytes, bool counted) {
   size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
   if (rounded < bytes || rounded > SIZE_MAX - CPU_ALIGN) return NULL; /* overflow */
   char *base = aligned_alloc(CPU_ALIGN, rounded + CPU_ALIGN);
   if (!base) return NULL;
   memset(base + CPU_ALIGN, 0, rounded);
-  memcpy(base, &rounded, sizeof rounded);
-  cpu_allocated_bytes += (int64_t)rounded;
-  if (cpu_allocated_bytes > cpu_peak_bytes) cpu_peak_bytes = cpu_allocated_bytes;
+  size_t header[2] = {rounded, counted};
+  memcpy(base, header, sizeof header);
+  if (counted) {
+    cpu_allocated_bytes += (int64_t)rounded;
+    if (cpu_allocated_bytes > cpu_peak_bytes) cpu_peak_bytes = cpu_allocated_bytes;
+  }
   return base + CPU_ALIGN;
 }
+
+static void *cpu_alloc(size_t bytes) { return cpu_alloc_counted(bytes, true); }
+static void *cpu_alloc_host(size_t bytes) { return cpu_alloc_counted(bytes, false); }
 
 static void cpu_release(void *p) {
   if (!p) return;
   char *base = (char *)p - CPU_ALIGN;
-  size_t rounded;
-  memcpy(&rounded, base, sizeof rounded);
-  cpu_allocated_bytes -= (int64_t)rounded;
+  size_t header[2];
+  memcpy(header, base, sizeof header);
+  if (header[1]) cpu_allocated_bytes -= (int64_t)header[0];
   free(base);
 }
 
@@ -533,7 +541,7 @@ static const ff_kernels cpu_kernels = {
     .zero = cpu_zero,
     .to_device = cpu_copy,
     .to_host = cpu_copy,
-    .alloc_host = cpu_alloc,
+    .alloc_host = cpu_alloc_host,
     .release_host = cpu_release,
     .sync = cpu_sync,
     .memory = cpu_memory,

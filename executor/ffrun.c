@@ -567,6 +567,13 @@ int main(int argc, char **argv) {
     return st;
   }
   ff_diag_free(&d);
+  if (plan.training.zero1) { /* the plan would count on memory this executor does not free */
+    fprintf(stderr, "%s: inputs.training.zero1: is true, but ffrun keeps the whole optimizer state "
+            "on every rank (no ZeRO-1), so the plan's memory would not hold; plan with \"zero1\": "
+            "false\n", c.plan_file);
+    ff_plan_free(&plan);
+    return FF_ERR_INPUT;
+  }
   backend got;
   char note[512];
   if (!choose_backend((backend)c.backend, &got, note, sizeof note)) {

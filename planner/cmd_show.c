@@ -224,7 +224,7 @@ static void check_memory(const ff_plan *plan, const ff_plan_eval *e, ff_diag *d)
         j += (size_t)snprintf(items + j, sizeof items - j, "%s%s %.2f", j ? ", " : "",
                               ff_mem_item_names[i], re->memory_bytes[i] / FF_GIB);
     ff_diag_error(d, path, "rank %lld needs %.2f GiB but its device has %.2f GiB (%s GiB); use "
-                  "more stages, recompute, a smaller micro-batch or zero1", (long long)r,
+                  "more stages, recompute or a smaller micro-batch", (long long)r,
                   re->memory_total_bytes / FF_GIB, re->capacity_bytes / FF_GIB, items);
   }
 }

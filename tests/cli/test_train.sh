@@ -68,6 +68,16 @@ expect 2 "" "$ffrun" profiles/plans/tiny-1rank.json --text LICENSE --quiet --che
 checks=$((checks + 1))
 diff -r "$tmp/a" "$tmp/a-before" >/dev/null || fail "a refused run changed the checkpoint directory"
 expect 2 "needs --data FILE or --text FILE" "$ffrun" "$plan"
+# A ZeRO-1 plan counts on sharded optimizer state, which ffrun does not shard: refused up front.
+python3 - "$plan" "$tmp/zero1.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["inputs"].pop("digests", None)
+p["inputs"]["training"]["zero1"] = True
+json.dump(p, open(sys.argv[2], "w"), indent=2)
+PY
+expect 2 "zero1.json: inputs.training.zero1: is true, but ffrun keeps the whole optimizer state" \
+  "$ffrun" "$tmp/zero1.json" --text LICENSE --quiet
 expect 2 "expects a positive integer" "$ffrun" "$plan" --text LICENSE --steps zero
 
 echo "train: $checks checks, $failures failed"

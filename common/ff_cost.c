@@ -72,9 +72,53 @@ double ff_mem_activation_layer_bytes(double s, double b, double h, double a, dou
 
 double ff_mem_bytes_per_param(ff_precision p, bool zero1, int dp) {
   double d = zero1 && dp > 1 ? (double)dp : 1.0;
-  if (p == FF_PRECISION_BF16)
+  if (p == FF_PRECISION_BF16 && zero1)
     return 2.0 + 4.0 + (4.0 + 8.0) / d; /* bf16 weights, fp32 grads; master and moments */
   return 4.0 + 4.0 + 8.0 / d;           /* fp32 weights and grads; moments */
+}
+
+/* Per token of a layer: values the backward reads and fp32 row statistics (executor/model.c's
+ * layer_acts_floats, less the statistics). */
+static double layer_values(const ff_model *m, ff_shard sh) {
+  double h = (double)m->hidden, d = (double)(m->hidden / m->heads);
+  return 4.0 * h + 2.0 * sh.heads * d + 2.0 * sh.kv_heads * d + 3.0 * sh.ffn;
+}
+
+static double layer_stats(ff_shard sh) { return 2.0 + sh.heads; }
+
+double ff_mem_layer_kept_bytes(const ff_model *m, ff_shard sh, double b, ff_precision prec,
+                               ff_recompute rc) {
+  double n = b * (double)m->seq_len, e = prec == FF_PRECISION_BF16 ? 2.0 : 4.0;
+  if (rc == FF_RECOMPUTE_FULL)
+    return n * (double)m->hidden * e;
+  return n * (layer_values(m, sh) * e + layer_stats(sh) * 4.0);
+}
+
+double ff_mem_stage_buffer_bytes(const ff_model *m, ff_shard sh, double b, ff_precision prec,
+                                 ff_recompute rc, bool has_layers, double in_flight) {
+  double n = b * (double)m->seq_len, h = (double)m->hidden, d = (double)(m->hidden / m->heads);
+  bool bf16 = prec == FF_PRECISION_BF16 && has_layers, full = rc == FF_RECOMPUTE_FULL && has_layers;
+  double floats = 0.0, halves = 0.0;
+  if (bf16 || full) /* the work set and its output; statistics of its own under fp32 full */
+    floats += n * (layer_values(m, sh) + h + (full && !bf16 ? layer_stats(sh) : 0.0));
+  if (bf16 && full) { /* the set every layer but its x_in shares */
+    halves += n * (layer_values(m, sh) - h);
+    floats += n * layer_stats(sh);
+  }
+  floats += in_flight * n * (2.0 * h + 1.0); /* output, its gradient, tokens */
+  floats += n * (h + 5.0);                   /* final norm rows, its 1/rms, softmax rows, targets */
+  double q = sh.heads * d, k = sh.kv_heads * d, wide = sh.ffn > q ? sh.ffn : q;
+  double a = h;
+  if (3.0 * wide > a)
+    a = 3.0 * wide;
+  if (2.0 * q + 2.0 * k > a)
+    a = 2.0 * q + 2.0 * k;
+  floats += n * (a + 2.0 * h); /* the backward's temporaries */
+  return floats * 4.0 + halves * 2.0;
+}
+
+double ff_mem_logits_bytes(const ff_model *m, ff_shard sh, double b) {
+  return 4.0 * b * (double)m->seq_len * sh.vocab;
 }
 
 /* ---- time ------------------------------------------------------------------------------- */

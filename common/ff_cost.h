@@ -46,16 +46,18 @@ double ff_mem_interleave_factor(int p, int v);
 /* Hardware FLOPs per sequence of a GPT-style model with selective recomputation as Korthikanti
  * et al. count them: 72·s·l·h²·(1 + s/(3h) + V/(12lh)). */
 double ff_flops_gpt_selective_hardware_per_sequence(double s, double l, double h, double V);
-/* Bytes per parameter of weights + gradients + master weights + Adam moments: bf16 mixed
- * precision 18 (6 + 12/d with ZeRO-1 over d ranks), fp32 16 (8 + 8/d). */
+/* Bytes per parameter of weights + gradients + master weights + Adam moments as ffrun holds
+ * them: 16 in either precision (fp32 weights, which bf16 tensor cores round as they load them,
+ * gradients and two moments; no bf16 copy). With ZeRO-1 over d ranks, which ffrun does not
+ * run: bf16 6 + 12/d (a bf16 copy; master and moments sharded), fp32 8 + 8/d. */
 double ff_mem_bytes_per_param(ff_precision p, bool zero1, int dp);
 
 typedef enum ff_mem_item {
-  FF_MEM_WEIGHTS,      /* compute copy (bf16) or fp32 weights */
+  FF_MEM_WEIGHTS,      /* fp32 weights (the master copy too), or a bf16 copy under ZeRO-1 */
   FF_MEM_GRADIENTS,    /* fp32 gradients */
-  FF_MEM_MASTER,       /* fp32 master weights (bf16 only) */
+  FF_MEM_MASTER,       /* fp32 master weights (bf16 with ZeRO-1 only) */
   FF_MEM_OPTIMIZER,    /* Adam first and second moments */
-  FF_MEM_ACTIVATIONS,  /* stored activations × micro-batches in flight */
+  FF_MEM_ACTIVATIONS,  /* kept activations × micro-batches in flight, and the stage's buffers */
   FF_MEM_LOGITS,       /* fp32 logits of one micro-batch on the LM-head stage */
   FF_MEM_RESERVE,      /* the device's runtime reserve */
   FF_MEM_COUNT
@@ -107,6 +109,24 @@ double ff_cost_layer_params(const ff_model *m, ff_shard sh);
 ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, const ff_device *dev,
                                  ff_shard sh, double b, int tp, ff_recompute rc,
                                  double tp_allreduce);
+
+/* ---- activation memory as ffrun allocates it (executor/model.c) -------------------------- */
+
+/* Bytes one layer keeps for its backward per micro-batch of b sequences in flight, for a rank
+ * with shard sh: with none or selective recompute (the same here: the attention never stores
+ * its s×s scores) every tensor the backward reads, s·b·(4h + 2·a_r·d + 2·k_r·d + 3·f_r) values
+ * of 2 (bf16) or 4 (fp32) bytes and s·b·(2 + a_r) fp32 row statistics; with full recompute the
+ * layer's input alone, s·b·h values. */
+double ff_mem_layer_kept_bytes(const ff_model *m, ff_shard sh, double b, ff_precision prec,
+                               ff_recompute rc);
+/* Bytes of a stage's buffers that do not grow with its layers: the work set a layer is computed
+ * in (bf16 or full recompute, when the stage has layers), per micro-batch in flight its output
+ * and output gradient and tokens, the final norm's and loss's rows, and the backward's
+ * temporaries. The logits are apart (ff_mem_logits_bytes). */
+double ff_mem_stage_buffer_bytes(const ff_model *m, ff_shard sh, double b, ff_precision prec,
+                                 ff_recompute rc, bool has_layers, double in_flight);
+/* fp32 logits of one micro-batch over the rank's vocabulary shard, on the LM-head stage. */
+double ff_mem_logits_bytes(const ff_model *m, ff_shard sh, double b);
 
 /* ---- the pipeline simulator ------------------------------------------------------------- */
 

@@ -154,16 +154,18 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
     re->params = rank_params(m, st, sh);
     e->rank_layers[r->rank] = st->layers;
     double zero_d = tr->zero1 && dp > 1 ? (double)dp : 1.0;
-    re->memory_bytes[FF_MEM_WEIGHTS] = re->params * elem;
+    /* ffrun's fp32 weights are the master copy; a bf16 copy only with ZeRO-1 (which shards the
+     * master) */
+    bool bf16_copy = tr->precision == FF_PRECISION_BF16 && tr->zero1;
+    re->memory_bytes[FF_MEM_WEIGHTS] = re->params * (bf16_copy ? 2.0 : 4.0);
     re->memory_bytes[FF_MEM_GRADIENTS] = re->params * 4.0;
-    re->memory_bytes[FF_MEM_MASTER] = tr->precision == FF_PRECISION_BF16 ? re->params * 4.0 / zero_d : 0.0;
+    re->memory_bytes[FF_MEM_MASTER] = bf16_copy ? re->params * 4.0 / zero_d : 0.0;
     re->memory_bytes[FF_MEM_OPTIMIZER] = re->params * 8.0 / zero_d;
-    double t_eff = (double)m->heads / sh.heads;
     re->memory_bytes[FF_MEM_ACTIVATIONS] =
-        layers * (double)se->in_flight *
-        ff_mem_activation_layer_bytes(sq, b, h, (double)m->heads, t_eff, false, st->recompute) *
-        elem / 2.0; /* Korthikanti's constants count 16-bit activations */
-    re->memory_bytes[FF_MEM_LOGITS] = st->lm_head ? 4.0 * b * sq * sh.vocab : 0.0;
+        layers * (double)se->in_flight * ff_mem_layer_kept_bytes(m, sh, b, tr->precision, st->recompute) +
+        ff_mem_stage_buffer_bytes(m, sh, b, tr->precision, st->recompute, layers > 0,
+                                  (double)se->in_flight);
+    re->memory_bytes[FF_MEM_LOGITS] = st->lm_head ? ff_mem_logits_bytes(m, sh, b) : 0.0;
     re->memory_bytes[FF_MEM_RESERVE] = dev->runtime_reserve_gib * FF_GIB;
     re->memory_total_bytes = 0.0;
     for (int i = 0; i < FF_MEM_COUNT; i++)

@@ -61,6 +61,8 @@ typedef struct unit_cost {
   double layer_seconds[N_MODES]; /* fwd + bwd + recompute + TP, per layer per micro-batch */
   double state_bytes_per_layer;  /* weights, gradients, master, moments of one layer (per rank) */
   double act_bytes_per_layer[N_MODES]; /* per micro-batch in flight */
+  double buffer_bytes[N_MODES];  /* the stage's buffers, less those per micro-batch in flight */
+  double slot_bytes;             /* buffers per micro-batch in flight */
   double capacity_bytes;         /* memory minus runtime reserve */
   double embed_seconds, head_seconds; /* extra per micro-batch on the end stages */
   double embed_bytes, head_bytes;     /* extra state on the end stages (and logits) */
@@ -102,17 +104,22 @@ static unit_cost compute_unit_cost(const ff_search_ctx *ctx, const ff_unit *u, i
   for (int mode = 0; mode < N_MODES; mode++) {
     ff_layer_time lt = ff_cost_layer_time(m, t->precision, dev, sh, (double)b, u->tp, (ff_recompute)mode, tp_ar);
     uc.layer_seconds[mode] = lt.fwd + lt.bwd + lt.recompute + lt.tp_fwd + lt.tp_bwd;
-    uc.act_bytes_per_layer[mode] = ff_mem_activation_layer_bytes(
-        s, (double)b, h, (double)m->heads, (double)m->heads / sh.heads, false, (ff_recompute)mode) *
-        elem / 2.0; /* as ff_eval.c: the paper's constants count 16-bit activations */
+    uc.act_bytes_per_layer[mode] =
+        ff_mem_layer_kept_bytes(m, sh, (double)b, t->precision, (ff_recompute)mode);
+    uc.buffer_bytes[mode] =
+        ff_mem_stage_buffer_bytes(m, sh, (double)b, t->precision, (ff_recompute)mode, true, 0.0);
   }
+  uc.slot_bytes = ff_mem_stage_buffer_bytes(m, sh, (double)b, t->precision, FF_RECOMPUTE_NONE,
+                                            false, 1.0) -
+                  ff_mem_stage_buffer_bytes(m, sh, (double)b, t->precision, FF_RECOMPUTE_NONE,
+                                            false, 0.0);
   uc.state_bytes_per_layer = ff_cost_layer_params(m, sh) * bpp;
   uc.capacity_bytes = (dev->memory_gib - dev->runtime_reserve_gib) * FF_GIB;
   double head = ff_time_gemm(dev, t->precision, (double)b * s, sh.vocab, h);
   uc.head_seconds = 3.0 * head + 2.0 * ff_time_memory(dev, 3.0 * (double)b * s * sh.vocab * 4.0);
   uc.embed_seconds = ff_time_memory(dev, (double)b * s * h * (elem + 8.0)) + (u->tp > 1 ? 2.0 * tp_ar : 0.0);
   uc.embed_bytes = sh.vocab * h * bpp;
-  uc.head_bytes = (sh.vocab * h + h) * bpp + 4.0 * (double)b * s * sh.vocab;
+  uc.head_bytes = (sh.vocab * h + h) * bpp + ff_mem_logits_bytes(m, sh, (double)b);
   uc.peak_flops = ff_peak_flops(dev, t->precision) * u->tp;
   return uc;
 }
@@ -495,7 +502,8 @@ static void stage_models(const ff_search_ctx *ctx, const ff_candidate *c, const 
     for (int md = 0; md < N_MODES; md++) {
       sm->tau[md] = uc->layer_seconds[md];
       double per_layer = uc->state_bytes_per_layer + uc->act_bytes_per_layer[md] * (double)in_flight;
-      double room = uc->capacity_bytes - fixed_bytes;
+      double room = uc->capacity_bytes - fixed_bytes - uc->buffer_bytes[md] -
+                    uc->slot_bytes * (double)in_flight;
       sm->cap[md] = room > 0 ? floor(room / per_layer) : -1;
     }
   }
@@ -1050,7 +1058,7 @@ static void explain_infeasible(const ff_search_ctx *ctx, char *out, size_t cap) 
            "model states need %.1f GiB per replica (%.2f B parameters at %.0f bytes each) plus "
            "activations; the largest memory one pipeline can reach is %.1f GiB (every GPU of the "
            "cluster, less runtime reserves). To make it fit: add GPUs, use recompute \"full\" or "
-           "\"auto\", a smaller micro-batch size, a shorter sequence, or zero1 with more pipelines",
+           "\"auto\", a smaller micro-batch size or a shorter sequence",
            states, params / 1e9, ff_mem_bytes_per_param(t->precision, false, 1), reach);
 }
 

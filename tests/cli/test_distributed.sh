@@ -31,6 +31,28 @@ sys.exit(1 if bad else 0)
 PY
 }
 
+# What each stage's first rank allocated against the plan's prediction less its device type's
+# runtime reserve: the cost model counts ffrun's buffers, so they agree to 1 % (alignment).
+memory_matches() { # plan metrics
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+reserve = {d["name"]: d["runtime_reserve_gib"] for d in plan["inputs"]["cluster"]["device_types"]}
+last = json.loads(open(sys.argv[2]).readlines()[-1])
+stages = {(x["pipeline"], x["stage"]): x for x in last.get("stages", [])}
+bad = []
+for p, pl in enumerate(plan["pipelines"]):
+    for s, st in enumerate(pl["stages"]):
+        got = stages.get((p, s), last)
+        want = got["predicted"]["memory_gib"] - reserve[st["ranks"][0]["device"]]
+        if abs(got["memory_gib"] - want) > 0.01 * want:
+            bad.append("pipeline %d stage %d: %.6f GiB allocated, %.6f predicted" % (p, s, got["memory_gib"], want))
+if bad:
+    print("\n".join(bad))
+sys.exit(1 if bad else 0)
+PY
+}
+
 # The one-rank reference: 6 steps, a checkpoint at every step.
 "$ffrun" tests/plans/one-rank.json --text LICENSE --steps 6 --quiet --metrics "$tmp/ref6.jsonl" \
   --checkpoint-dir "$tmp/ref" --checkpoint-every 1 || fail "the one-rank run"
@@ -49,6 +71,8 @@ for plan in tests/plans/*.json; do
   losses_agree "$tmp/ref5.jsonl" "$tmp/$name.jsonl" >/dev/null || fail "$name: losses differ from one rank"
   python3 "$compare" "$tmp/$name/step-00000005.safetensors" "$tmp/ref/step-00000005.safetensors" >"$tmp/cmp" ||
     { fail "$name: final weights differ from one rank"; cat "$tmp/cmp"; }
+  checks=$((checks + 1))
+  memory_matches "$plan" "$tmp/$name.jsonl" || fail "$name: memory differs from the prediction"
 done
 [ "$(ls tests/plans/*.json | wc -l)" -ge 10 ] || fail "fewer than ten plans"
 
@@ -187,6 +211,8 @@ for name in pp2-layers-3to1 everything tp4-gqa; do
     --metrics "$tmp/bf16-$name.jsonl" --checkpoint-dir "$tmp/bf16-$name" >"$tmp/bf16.log" 2>&1 ||
     { fail "bf16 $name"; tail -5 "$tmp/bf16.log"; }
   losses_close "$tmp/bf16-ref.jsonl" "$tmp/bf16-$name.jsonl" 1e-3 || fail "bf16 $name: losses differ"
+  checks=$((checks + 1))
+  memory_matches "$plan" "$tmp/bf16-$name.jsonl" || fail "bf16 $name: memory differs from the prediction"
   python3 "$compare" "$tmp/bf16-$name/step-00000005.safetensors" "$tmp/bf16-ref/step-00000005.safetensors" \
     "$tol" >/dev/null || fail "bf16 $name: final weights differ from one rank beyond $tol"
 done
@@ -223,6 +249,9 @@ for name in one-rank pp2-layers-3to1 everything; do
     "${launch[@]}" "$ffrun" "$(recompute_plan tests/plans/$name.json $precision)" \
       --text LICENSE --steps 5 --quiet --metrics "$tmp/rc-$base.jsonl" --checkpoint-dir "$tmp/rc-$base" \
       >"$tmp/rc.log" 2>&1 || { fail "recompute $precision $name"; tail -5 "$tmp/rc.log"; }
+    checks=$((checks + 1))
+    memory_matches "$tmp/rc-$precision-$name.json" "$tmp/rc-$base.jsonl" ||
+      fail "recompute $precision $name: memory differs from the prediction"
     losses_close "$metrics" "$tmp/rc-$base.jsonl" 0 ||
       fail "recompute $precision $name: losses differ from the plan without recompute"
     python3 "$compare" "$tmp/rc-$base/step-00000005.safetensors" "$tmp/$base/step-00000005.safetensors" 0 \

@@ -245,18 +245,50 @@ static void memory_grows_with_micro_batch_size_and_in_flight_count(void **state)
   for (int64_t r = 0; r < plan.n_ranks; r++)
     assert_true(big.ranks[r].memory_bytes[FF_MEM_ACTIVATIONS] >
                 small.ranks[r].memory_bytes[FF_MEM_ACTIVATIONS]);
-  /* Stage 0 holds 2 micro-batches in flight, stage 1 one: twice the activations per layer. */
+  /* Stage 0 holds 2 micro-batches in flight, stage 1 one, both 16 layers: stage 0 keeps each
+   * layer's activations once more, and one more micro-batch's output, its gradient and tokens. */
   const ff_rank_eval *first = &small.ranks[0], *last = &small.ranks[2];
-  assert_true(first->memory_bytes[FF_MEM_ACTIVATIONS] == 2 * last->memory_bytes[FF_MEM_ACTIVATIONS]);
+  const ff_plan_rank *r0 = &plan.pipelines[0].stages[0].ranks[0];
+  ff_shard sh = {(double)(r0->heads.end - r0->heads.first),
+                 (double)(r0->kv_heads.end - r0->kv_heads.first), (double)(r0->ffn.end - r0->ffn.first), 0};
+  double n = 2.0 * (double)plan.model.seq_len, h = (double)plan.model.hidden;
+  double kept = ff_mem_layer_kept_bytes(&plan.model, sh, 2, FF_PRECISION_BF16, FF_RECOMPUTE_SELECTIVE);
+  double diff = first->memory_bytes[FF_MEM_ACTIVATIONS] - last->memory_bytes[FF_MEM_ACTIVATIONS];
+  assert_true(fabs(diff - (16 * kept + n * (2 * h + 1) * 4)) < 1e-9 * diff);
   ff_plan_eval_free(&small);
   ff_plan_eval_free(&big);
   ff_plan_free(&plan);
   ff_diag_free(&d);
 }
 
-static void mixed_precision_takes_18_bytes_per_parameter(void **state) {
+/* Per token of a Llama-2-7B layer (h 4096, 32 heads, FFN 11008) ffrun keeps 4h + 2h + 2h + 3f =
+ * 65792 values and 2 + 32 fp32 statistics; full recompute keeps the layer's input alone; and
+ * selective keeps what none keeps (the attention stores no scores). */
+static void kept_activations_count_what_ffrun_stores(void **state) {
   (void)state;
-  assert_true(ff_mem_bytes_per_param(FF_PRECISION_BF16, false, 8) == 18);
+  ff_model m = {.layers = 32, .hidden = 4096, .heads = 32, .kv_heads = 32, .ffn_hidden = 11008,
+                .vocab = 32000, .seq_len = 4096};
+  ff_shard sh = {32, 32, 11008, 0};
+  assert_true(ff_mem_layer_kept_bytes(&m, sh, 1, FF_PRECISION_BF16, FF_RECOMPUTE_NONE) ==
+              4096.0 * (65792 * 2 + 34 * 4));
+  assert_true(ff_mem_layer_kept_bytes(&m, sh, 1, FF_PRECISION_FP32, FF_RECOMPUTE_NONE) ==
+              4096.0 * (65792 * 4 + 34 * 4));
+  assert_true(ff_mem_layer_kept_bytes(&m, sh, 2, FF_PRECISION_BF16, FF_RECOMPUTE_SELECTIVE) ==
+              ff_mem_layer_kept_bytes(&m, sh, 2, FF_PRECISION_BF16, FF_RECOMPUTE_NONE));
+  assert_true(ff_mem_layer_kept_bytes(&m, sh, 1, FF_PRECISION_BF16, FF_RECOMPUTE_FULL) ==
+              4096.0 * 4096 * 2);
+  /* a TP half: half the heads and FFN columns, the residual stream whole */
+  ff_shard half = {16, 16, 5504, 0};
+  assert_true(ff_mem_layer_kept_bytes(&m, half, 1, FF_PRECISION_BF16, FF_RECOMPUTE_NONE) ==
+              4096.0 * ((4 * 4096 + 4 * 2048 + 3 * 5504) * 2 + 18 * 4));
+  assert_true(ff_mem_logits_bytes(&m, (ff_shard){0, 0, 0, 16000}, 2) == 4.0 * 2 * 4096 * 16000);
+}
+
+/* ffrun keeps fp32 weights, gradients and moments in either precision; a bf16 copy only under
+ * ZeRO-1, whose sharded master weights the copy stands in for. */
+static void ffrun_holds_16_bytes_per_parameter(void **state) {
+  (void)state;
+  assert_true(ff_mem_bytes_per_param(FF_PRECISION_BF16, false, 8) == 16);
   assert_true(ff_mem_bytes_per_param(FF_PRECISION_BF16, true, 8) == 6 + 12.0 / 8);
   assert_true(ff_mem_bytes_per_param(FF_PRECISION_FP32, false, 8) == 16);
   assert_true(ff_mem_bytes_per_param(FF_PRECISION_FP32, true, 4) == 8 + 8.0 / 4);
@@ -310,15 +342,15 @@ static void sizes_of_the_largest_readable_model_cannot_overflow(void **state) {
   assert_true((__int128)ff_model_parameters(&m) == want);
   double bytes =
       (double)ff_model_parameters(&m) * ff_mem_bytes_per_param(FF_PRECISION_BF16, false, 1);
-  assert_true(isfinite(bytes) && bytes > 1e20);
+  assert_true(isfinite(bytes) && bytes > 1e19);
   double flops = ff_flops_model_per_token(&m) * (double)m.seq_len * 1e9; /* a batch of 10^9 */
   assert_true(isfinite(flops) && flops > 0);
-  /* A 1T-parameter model: 18 bytes per parameter, exactly as counted. */
+  /* A 1T-parameter model: 16 bytes per parameter, exactly as counted. */
   ff_model t = {.layers = 128, .hidden = 25600, .heads = 160, .kv_heads = 160, .ffn_hidden = 102400,
                 .vocab = 128000, .seq_len = 2048};
   int64_t n = ff_model_parameters(&t);
   assert_true(n > 1000000000000LL);
-  assert_true(ff_mem_bytes_per_param(FF_PRECISION_BF16, false, 1) * (double)n == 18.0 * (double)n);
+  assert_true(ff_mem_bytes_per_param(FF_PRECISION_BF16, false, 1) * (double)n == 16.0 * (double)n);
 }
 
 /* The simulator keeps a ring of finish times, not one per micro-batch: 10^7 micro-batches of
@@ -346,7 +378,8 @@ int main(void) {
       cmocka_unit_test(peak_in_flight_is_min_of_p_minus_i_and_m),
       cmocka_unit_test(shipped_plans_respect_physical_bounds),
       cmocka_unit_test(memory_grows_with_micro_batch_size_and_in_flight_count),
-      cmocka_unit_test(mixed_precision_takes_18_bytes_per_parameter),
+      cmocka_unit_test(kept_activations_count_what_ffrun_stores),
+      cmocka_unit_test(ffrun_holds_16_bytes_per_parameter),
       cmocka_unit_test(ring_allreduce_follows_the_alpha_beta_formula),
       cmocka_unit_test(measured_layer_times_take_precedence),
       cmocka_unit_test(sizes_of_the_largest_readable_model_cannot_overflow),

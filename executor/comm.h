@@ -15,6 +15,15 @@
 typedef struct ff_group ff_group;
 typedef struct ff_request ff_request;
 
+/* One transfer of a batch (p2p_batch): `bytes` of buf to or from world rank `peer`. The tag tells
+ * MPI's messages apart; NCCL matches the transfers between two ranks in the order issued. */
+typedef struct ff_p2p {
+  void *buf;
+  size_t bytes;
+  int peer, tag;
+  bool send;
+} ff_p2p;
+
 typedef struct ff_comm_backend {
   const char *name;
   bool device_buffers; /* collectives take device buffers (NCCL); else host buffers only */
@@ -47,9 +56,12 @@ typedef struct ff_comm_backend {
   ff_request *(*isend)(const void *buf, size_t bytes, int dst, int tag);
   void (*recv)(void *buf, size_t bytes, int src, int tag);
   void (*wait)(ff_request *r);
-  /* Bracket a batch of point-to-point calls (NCCL groups them; MPI needs nothing). */
-  void (*group_start)(void);
-  void (*group_end)(void);
+  /* Transfers between world ranks on device buffers, started together as one group so that none
+   * waits for another (two ranks may send to each other in one batch; a send alone waits for its
+   * receive to be posted, as NCCL's do). Work issued after it on the compute stream reads the
+   * received buffers and may overwrite the sent ones. NULL where the backend has none: device
+   * activations then go through host memory and isend/recv. */
+  void (*p2p_batch)(const ff_p2p *ops, int n);
   /* GPU seconds spent in the device collectives issued on the compute stream so far (measured
    * with events; complete for those issued before the stream was last synchronised); 0 where
    * collectives run on the host, whose time the caller measures itself. */

@@ -100,8 +100,6 @@ static void reduce_scatter_sum(ff_group *g, const float *send, float *recv, int6
   MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, MPI_SUM, g->comm);
 }
 
-static void group_nothing(void) {}
-
 static void bcast(ff_group *g, void *buf, size_t bytes, int root) {
   MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g->comm);
 }
@@ -187,6 +185,30 @@ static ff_request *iallreduce_sum(ff_group *g, float *buf, int64_t n) {
   return ff_mpi_iallreduce_sum(g->comm, buf, n);
 }
 
+/* The test hook's stand-in for NCCL's grouped send and receive: every transfer of the batch
+ * started, sends in synchronous mode (MPI_Issend completes only once its receive is matched, as
+ * an NCCL send waits for its peer), then all waited for. A schedule that would deadlock NCCL,
+ * two ranks each sending to the other before receiving, deadlocks here too. */
+static void p2p_batch_sync(const ff_p2p *ops, int n) {
+  int total = 0;
+  for (int i = 0; i < n; i++)
+    total += pieces(ops[i].bytes);
+  ff_request *r = request(total);
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    char *p = ops[i].buf;
+    for (int j = 0; j < pieces(ops[i].bytes); j++, k++) {
+      char *at = p + (size_t)j * (size_t)piece();
+      int len = (int)piece_bytes(ops[i].bytes, j);
+      if (ops[i].send)
+        MPI_Issend(at, len, MPI_BYTE, ops[i].peer, ops[i].tag, MPI_COMM_WORLD, &r->mpi[k]);
+      else
+        MPI_Irecv(at, len, MPI_BYTE, ops[i].peer, ops[i].tag, MPI_COMM_WORLD, &r->mpi[k]);
+    }
+  }
+  ff_mpi_wait(r);
+}
+
 static void abort_job(int status) { MPI_Abort(MPI_COMM_WORLD, status); }
 
 static void finalize(void) {}
@@ -196,16 +218,17 @@ static double no_device_seconds(void) { return 0.0; }
 static const ff_comm_backend mpi_backend = {
     "mpi", false, world, rank, size, split, release, allreduce_sum, allreduce_max, allreduce_sum_f64,
     iallreduce_sum, ff_mpi_test, allgather, reduce_scatter_sum, bcast, ff_mpi_isend, ff_mpi_recv,
-    ff_mpi_wait, group_nothing, group_nothing, no_device_seconds, abort_job, finalize};
+    ff_mpi_wait, NULL, no_device_seconds, abort_job, finalize};
 
 const ff_comm_backend *ff_comm_mpi(void) { return &mpi_backend; }
 
-/* The same operations under another name and flag: MPI reads the staged CPU backend's "device"
- * memory directly, since it is host memory. */
+/* The same operations under another name and flag, and NCCL's grouped transfers: MPI reads the
+ * staged CPU backend's "device" memory directly, since it is host memory. */
 const ff_comm_backend *ff_comm_mpi_device(void) {
   static ff_comm_backend device;
   device = mpi_backend;
   device.name = "mpi-device";
   device.device_buffers = true;
+  device.p2p_batch = p2p_batch_sync;
   return &device;
 }

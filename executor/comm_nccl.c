@@ -391,9 +391,24 @@ static void bcast(ff_group *g, void *buf, size_t bytes, int root) {
   MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g->mpi);
 }
 
-/* Point to point: the executor stages activations in host memory and MPI carries them
- * (ff_mpi_isend, ff_mpi_recv in the table below), so there is nothing to group. */
-static void group_nothing(void) {}
+/* Activations between stages: NCCL sends and receives on the world communicator, grouped so
+ * that none waits for another, on the compute stream after the kernels that made them and
+ * before those that read them. The watchdog follows the batch like a collective. Host buffers
+ * (isend, recv in the table below) go through MPI. */
+static void p2p_batch(const ff_p2p *ops, int n) {
+  if (n <= 0)
+    return;
+  cudaStream_t s = nc.rings[COMPUTE].stream;
+  NCCL_CHECK(ncclGroupStart());
+  for (int i = 0; i < n; i++) {
+    if (ops[i].send)
+      NCCL_CHECK(ncclSend(ops[i].buf, ops[i].bytes, ncclChar, ops[i].peer, nc.world.nccl, s));
+    else
+      NCCL_CHECK(ncclRecv(ops[i].buf, ops[i].bytes, ncclChar, ops[i].peer, nc.world.nccl, s));
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  issued(COMPUTE);
+}
 
 /* MPI_Abort ends every rank at once; the GPUs are released with the processes. */
 static void abort_job(int status) { MPI_Abort(MPI_COMM_WORLD, status); }
@@ -436,7 +451,7 @@ static void finalize(void) {
 static const ff_comm_backend nccl_backend = {
     "nccl", true, world, rank, size, split, release, allreduce_sum, allreduce_max,
     allreduce_sum_f64, iallreduce_sum, test, allgather, reduce_scatter_sum, bcast, ff_mpi_isend,
-    ff_mpi_recv, wait, group_nothing, group_nothing, collective_seconds, abort_job, finalize};
+    ff_mpi_recv, wait, p2p_batch, collective_seconds, abort_job, finalize};
 
 /* The per-rank preparations that can fail (events, the DP stream, the watchdog); NULL or why. */
 static const char *prepare(void) {

@@ -80,6 +80,10 @@ typedef struct dist {
   int n_tds;
   group_cache *cache; /* every holder set met, in the order every rank meets them */
   int n_cache, cap_cache;
+  /* activations between stages: device to device in batches (p2p_device), or staged in host
+   * memory: send_fwd, send_bwd per slot, the request of each of their transfers, recv_buf */
+  bool p2p_device;
+  ff_p2p *p2p_ops;
   float *send_fwd, *send_bwd, *recv_buf;
   ff_request **req_fwd, **req_bwd; /* per slot × receivers */
   int n_prev, n_next;
@@ -718,78 +722,139 @@ static int64_t warmup(int p, int s, int64_t m, ff_schedule sch) {
   return w < m ? w : m;
 }
 
+enum { FWD, BWD, NONE };
+
+static int slot_of(const dist *d, int64_t j) { return (int)(j % d->mr.n_slots); }
+
+/* Host path: wait until the staging buffer of micro-batch j's output (dir FWD) or input gradient
+ * (BWD) has left, before the compute writes it again (it was sent n_slots micro-batches ago). */
+static void staging_free(dist *d, int dir, int64_t j) {
+  int n = dir == FWD ? d->n_next : d->n_prev;
+  ff_request **reqs = (dir == FWD ? d->req_fwd : d->req_bwd) + slot_of(d, j) * n;
+  for (int r = 0; r < n; r++) {
+    d->c->wait(reqs[r]);
+    reqs[r] = NULL;
+  }
+}
+
+/* Device path: one transfer per rank of the neighbouring stage. A sending rank sends its chunk
+ * of the full activation, which every rank of its stage holds; a receiving rank receives every
+ * chunk, so the chunks of all the senders make up the whole tensor. */
+static int device_ops(dist *d, ff_p2p *ops, int n, bool send, int dir, int64_t j) {
+  const ff_plan_stage *peer = &d->pl->stages[dir == FWD ? d->s + (send ? 1 : -1) : d->s + (send ? -1 : 1)];
+  int64_t NC = d->pl->micro_batch_size * d->plan->model.seq_len * d->plan->model.hidden;
+  float *buf = dir == FWD ? (send ? ff_model_rank_output(&d->mr, slot_of(d, j))
+                                  : ff_model_rank_input(&d->mr, slot_of(d, j)))
+                          : ff_model_rank_gradient(&d->mr, slot_of(d, j));
+  for (int r = 0; r < peer->n_ranks; r++) {
+    ff_span part = chunk(NC, send ? d->st->n_ranks : peer->n_ranks, send ? d->t : r);
+    ops[n++] = (ff_p2p){buf + part.first, (size_t)(part.end - part.first) * sizeof(float),
+                        (int)peer->ranks[r].rank, p2p_tag(j, dir), send};
+  }
+  return n;
+}
+
+/* Between compute steps: send the result of micro-batch send_j in direction send_dir (the
+ * forward's output to the next stage, the backward's input gradient to the previous one) and
+ * receive what micro-batch recv_j needs next (its input, or its output's gradient); either may
+ * be NONE. On a device both go in one batch, so two neighbours that each send to the other
+ * (1F1B's steady state) do not wait on each other, and the host waits for the batch. On the host
+ * path the send is started and the receive blocks, into recv_buf. */
+static void exchange(dist *d, int send_dir, int64_t send_j, int recv_dir, int64_t recv_j) {
+  double t0 = now();
+  int64_t NC = d->pl->micro_batch_size * d->plan->model.seq_len * d->plan->model.hidden;
+  if (d->p2p_device) {
+    int n = 0;
+    if (send_dir != NONE)
+      n = device_ops(d, d->p2p_ops, n, true, send_dir, send_j);
+    if (recv_dir != NONE)
+      n = device_ops(d, d->p2p_ops, n, false, recv_dir, recv_j);
+    d->c->p2p_batch(d->p2p_ops, n);
+    d->k->sync();
+    d->t_p2p += now() - t0;
+    return;
+  }
+  d->t_p2p += now() - t0;
+  if (send_dir == FWD)
+    send_to(d, &d->pl->stages[d->s + 1], d->send_fwd + (int64_t)slot_of(d, send_j) * NC, NC,
+            p2p_tag(send_j, FWD), d->req_fwd + slot_of(d, send_j) * d->n_next);
+  else if (send_dir == BWD)
+    send_to(d, &d->pl->stages[d->s - 1], d->send_bwd + (int64_t)slot_of(d, send_j) * NC, NC,
+            p2p_tag(send_j, BWD), d->req_bwd + slot_of(d, send_j) * d->n_prev);
+  if (recv_dir != NONE)
+    recv_from(d, &d->pl->stages[recv_dir == FWD ? d->s - 1 : d->s + 1], d->recv_buf, NC,
+              p2p_tag(recv_j, recv_dir));
+}
+
+/* The forward of micro-batch j, whose input (not on the first stage) has arrived. */
 static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, double *loss) {
   const ff_plan *plan = d->plan;
   int64_t b = d->pl->micro_batch_size, S = plan->model.seq_len, N = b * S, C = plan->model.hidden;
-  int slot = (int)(j % d->mr.n_slots);
   int32_t *in = d->mr.inputs, *tg = d->mr.targets;
   if (d->st->embedding || d->st->lm_head)
     for (int64_t i = 0; i < b; i++)
       ff_data_sequence(&d->data, step, d->first_seq + j * b + i, plan->training.global_batch, S,
                        in + i * S, tg + i * S);
-  const float *x_in = NULL;
-  if (!d->st->embedding) {
-    recv_from(d, &d->pl->stages[d->s - 1], d->recv_buf, N * C, p2p_tag(j, 0));
-    x_in = d->recv_buf;
-  }
-  float *out = d->st->lm_head ? NULL : d->send_fwd + (int64_t)slot * N * C;
-  if (out) /* the buffer may still be on its way to the next stage from n_slots ago */
-    for (int r = 0; r < d->n_next; r++) {
-      d->c->wait(d->req_fwd[slot * d->n_next + r]);
-      d->req_fwd[slot * d->n_next + r] = NULL;
-    }
+  const float *x_in = d->st->embedding || d->p2p_device ? NULL : d->recv_buf;
+  float *out = d->st->lm_head || d->p2p_device ? NULL : d->send_fwd + (int64_t)slot_of(d, j) * N * C;
+  if (out)
+    staging_free(d, FWD, j);
   double t0 = now(), tp0 = d->t_tp, dp0 = d->t_dp;
   d->mr.last_micro_batch = j == d->pl->micro_batches - 1; /* the head's gradients are final */
-  ff_model_rank_forward(&d->mr, slot, b, in, x_in, tg, grad_scale, out, loss);
+  ff_model_rank_forward(&d->mr, slot_of(d, j), b, in, x_in, tg, grad_scale, out, loss);
   d->k->sync(); /* an asynchronous backend has finished the work only now */
   device_tp(d);
   double spent = now() - t0 - (d->t_tp - tp0) - (d->t_dp - dp0);
   ff_throttle(d->throttle, spent);
   d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);
-  if (out)
-    send_to(d, &d->pl->stages[d->s + 1], out, N * C, p2p_tag(j, 0), d->req_fwd + slot * d->n_next);
 }
 
+/* The backward of micro-batch j, whose output's gradient (not on the last stage) has arrived. */
 static void run_backward(dist *d, int64_t j) {
   int64_t b = d->pl->micro_batch_size, N = b * d->plan->model.seq_len, C = d->plan->model.hidden;
-  int slot = (int)(j % d->mr.n_slots);
-  const float *dx_in = NULL;
-  if (!d->st->lm_head) {
-    recv_from(d, &d->pl->stages[d->s + 1], d->recv_buf, N * C, p2p_tag(j, 1));
-    dx_in = d->recv_buf;
-  }
-  float *out = d->st->embedding ? NULL : d->send_bwd + (int64_t)slot * N * C;
+  const float *dx_in = d->st->lm_head || d->p2p_device ? NULL : d->recv_buf;
+  float *out = d->st->embedding || d->p2p_device ? NULL : d->send_bwd + (int64_t)slot_of(d, j) * N * C;
   if (out)
-    for (int r = 0; r < d->n_prev; r++) {
-      d->c->wait(d->req_bwd[slot * d->n_prev + r]);
-      d->req_bwd[slot * d->n_prev + r] = NULL;
-    }
+    staging_free(d, BWD, j);
   double t0 = now(), tp0 = d->t_tp, dp0 = d->t_dp;
   d->mr.last_micro_batch = j == d->pl->micro_batches - 1; /* gradients final, layer by layer */
-  ff_model_rank_backward(&d->mr, slot, b, dx_in, out);
+  ff_model_rank_backward(&d->mr, slot_of(d, j), b, dx_in, out);
   d->k->sync(); /* an asynchronous backend has finished the work only now */
   device_tp(d);
   double spent = now() - t0 - (d->t_tp - tp0) - (d->t_dp - dp0);
   ff_throttle(d->throttle, spent);
   d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);
-  if (out)
-    send_to(d, &d->pl->stages[d->s - 1], out, N * C, p2p_tag(j, 1), d->req_bwd + slot * d->n_prev);
 }
 
-/* The stage's operations in 1F1B (or GPipe) order; returns this rank's loss sum. */
+/* The stage's operations in 1F1B (or GPipe) order, with its transfers paired as Megatron-LM
+ * pairs them: after a steady-state forward its output leaves together with the arrival of the
+ * gradient the next backward needs, and after that backward its input gradient leaves together
+ * with the next forward's input. Returns this rank's loss sum. */
 static double run_schedule(dist *d, int64_t step) {
   int64_t m = d->pl->micro_batches;
   int64_t w = warmup(d->pl->n_stages, d->s, m, d->plan->training.schedule);
   float scale = 1.0f / (float)(d->plan->training.global_batch * d->plan->model.seq_len);
+  int from_prev = d->st->embedding ? NONE : FWD, to_next = d->st->lm_head ? NONE : FWD;
+  int from_next = d->st->lm_head ? NONE : BWD, to_prev = d->st->embedding ? NONE : BWD;
   double loss = 0;
-  for (int64_t j = 0; j < w; j++)
+  for (int64_t j = 0; j < w; j++) {
+    exchange(d, NONE, 0, from_prev, j);
     run_forward(d, step, j, scale, &loss);
+    exchange(d, to_next, j, NONE, 0);
+  }
+  if (m > w)
+    exchange(d, NONE, 0, from_prev, w);
   for (int64_t k = 0; k < m - w; k++) {
     run_forward(d, step, w + k, scale, &loss);
+    exchange(d, to_next, w + k, from_next, k);
     run_backward(d, k);
+    exchange(d, to_prev, k, k + 1 < m - w ? from_prev : NONE, w + k + 1);
   }
-  for (int64_t j = m - w; j < m; j++)
+  for (int64_t j = m - w; j < m; j++) {
+    exchange(d, NONE, 0, from_next, j);
     run_backward(d, j);
+    exchange(d, to_prev, j, NONE, 0);
+  }
   for (int i = 0; i < d->mr.n_slots * d->n_next; i++) {
     d->c->wait(d->req_fwd[i]);
     d->req_fwd[i] = NULL;
@@ -1034,13 +1099,19 @@ static ff_status setup(dist *d) {
   d->n_next = d->s + 1 < d->pl->n_stages ? d->pl->stages[d->s + 1].n_ranks : 0;
   d->n_prev = d->s > 0 ? d->pl->stages[d->s - 1].n_ranks : 0;
   int64_t NC = d->pl->micro_batch_size * plan->model.seq_len * plan->model.hidden;
-  /* page-locked on a GPU: the activations cross to and from the device through these */
-  d->send_fwd = d->k->alloc_host((size_t)(slots * NC) * sizeof(float));
-  d->send_bwd = d->k->alloc_host((size_t)(slots * NC) * sizeof(float));
-  d->recv_buf = d->k->alloc_host((size_t)NC * sizeof(float));
+  d->p2p_device = d->c->p2p_batch && d->c->device_buffers && !d->k->host_memory;
+  if (d->p2p_device) {
+    d->p2p_ops = calloc((size_t)(2 * (d->n_next > d->n_prev ? d->n_next : d->n_prev) + 1),
+                        sizeof *d->p2p_ops); /* a send and a receive with each neighbour */
+  } else { /* page-locked on a GPU: the activations cross to and from the device through these */
+    d->send_fwd = d->k->alloc_host((size_t)(slots * NC) * sizeof(float));
+    d->send_bwd = d->k->alloc_host((size_t)(slots * NC) * sizeof(float));
+    d->recv_buf = d->k->alloc_host((size_t)NC * sizeof(float));
+  }
   d->req_fwd = calloc((size_t)(slots * (d->n_next + 1)), sizeof *d->req_fwd);
   d->req_bwd = calloc((size_t)(slots * (d->n_prev + 1)), sizeof *d->req_bwd);
-  if (!d->send_fwd || !d->send_bwd || !d->recv_buf || !d->req_fwd || !d->req_bwd)
+  bool staged = d->p2p_device ? d->p2p_ops != NULL : d->send_fwd && d->send_bwd && d->recv_buf;
+  if (!staged || !d->req_fwd || !d->req_bwd)
     return FF_ERR_RUNTIME;
   if (!d->k->host_memory) {
     if (!d->c->device_buffers) /* TP sums of device activations through the host */
@@ -1127,7 +1198,7 @@ static void teardown(dist *d) {
   ff_model_rank_free(&d->mr);
   ff_data_free(&d->data);
   free(d->segs), free(d->tds);
-  free(d->req_fwd), free(d->req_bwd);
+  free(d->req_fwd), free(d->req_bwd), free(d->p2p_ops);
   free(d->packed_at), free(d->sums), free(d->sum_segs);
   if (d->k) {
     d->k->release_host(d->send_fwd);

@@ -587,21 +587,33 @@ static void grads_final(ff_model_rank *mr, int first, int n) {
     mr->grads_final(mr->grads_ctx, first, n);
 }
 
+float *ff_model_rank_input(ff_model_rank *mr, int slot) {
+  return !mr->n_layers          ? slot_rows(mr->x_final, slot, mr->tokens, mr->model->hidden)
+         : mr->bf16_activations ? mr->work.x_in
+                                : acts_of(mr, slot, 0)->x_in;
+}
+
+float *ff_model_rank_output(ff_model_rank *mr, int slot) {
+  return slot_rows(mr->x_final, slot, mr->tokens, mr->model->hidden);
+}
+
+float *ff_model_rank_gradient(ff_model_rank *mr, int slot) {
+  return slot_rows(mr->dx_final, slot, mr->tokens, mr->model->hidden);
+}
+
 void ff_model_rank_forward(ff_model_rank *mr, int slot, int64_t b, const int32_t *tokens,
                            const float *x_in, const int32_t *targets, float grad_scale,
                            float *x_out, double *loss_sum) {
   const ff_kernels *k = mr->k;
   int64_t N = b * mr->model->seq_len, C = mr->model->hidden;
-  float *first = !mr->n_layers          ? slot_rows(mr->x_final, slot, mr->tokens, C)
-                 : mr->bf16_activations ? mr->work.x_in
-                                        : acts_of(mr, slot, 0)->x_in;
+  float *first = ff_model_rank_input(mr, slot);
   if (mr->spec.embedding) {
     int32_t *tok = mr->tokens_in + (int64_t)slot * mr->tokens;
     k->to_device(tok, tokens, (size_t)N * sizeof *tok);
     k->embedding_fwd(first, tok, tensor_at(mr, "embed", mr->params), (int)N, (int)C,
                      (int)mr->spec.vocab.first, (int)mr->spec.vocab.end);
     tp_sum(mr, first, N * C); /* vocabulary-parallel embedding: each rank holds some rows */
-  } else {
+  } else if (x_in) {
     k->to_device(first, x_in, (size_t)(N * C) * sizeof(float));
   }
   float *last = slot_rows(mr->x_final, slot, mr->tokens, C);
@@ -632,7 +644,7 @@ void ff_model_rank_backward(ff_model_rank *mr, int slot, int64_t b, const float 
   const ff_kernels *k = mr->k;
   int64_t N = b * mr->model->seq_len, C = mr->model->hidden;
   float *dx = slot_rows(mr->dx_final, slot, mr->tokens, C);
-  if (!mr->spec.lm_head)
+  if (!mr->spec.lm_head && dx_in)
     k->to_device(dx, dx_in, (size_t)(N * C) * sizeof(float));
   for (int64_t l = mr->n_layers - 1; l >= 0; l--) {
     backward_layer(mr, load_layer(mr, slot, l, b), l, b, dx);

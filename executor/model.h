@@ -115,18 +115,30 @@ void ff_model_rank_init_weights(ff_model_rank *mr, uint64_t seed);
 const ff_tensor *ff_model_rank_find(const ff_model_rank *mr, const char *name);
 
 /* Forward of one micro-batch of b sequences through this rank's stage, into activation `slot`.
- * The first stage reads `tokens`, the others the activation x_in (b·S, h) from the previous
- * stage; a middle stage writes its output to x_out. The last stage goes on through the final
- * norm, LM head and loss over `targets` (token losses added to *loss_sum, gradients scaled by
- * grad_scale) and keeps the gradient of its output for backward. */
+ * The first stage reads `tokens`, the others the activation x_in (b·S, h, host memory) from the
+ * previous stage, or with x_in NULL what is already at ff_model_rank_input; a middle stage
+ * copies its output to x_out (host memory) when x_out is set, and it stays at
+ * ff_model_rank_output either way. The last stage goes on through the final norm, LM head and
+ * loss over `targets` (token losses added to *loss_sum, gradients scaled by grad_scale) and keeps
+ * the gradient of its output for backward. */
 void ff_model_rank_forward(ff_model_rank *mr, int slot, int64_t b, const int32_t *tokens,
                            const float *x_in, const int32_t *targets, float grad_scale,
                            float *x_out, double *loss_sum);
 /* Backward of the micro-batch in `slot`: dx_in is the gradient of the stage's output (from the
- * next stage; ignored on the last stage); the gradient of its input goes to dx_out (not on the
- * first stage). Weight gradients accumulate. */
+ * next stage, host memory; NULL: already at ff_model_rank_gradient; ignored on the last stage);
+ * the gradient of its input is left at ff_model_rank_gradient and copied to dx_out (host
+ * memory) when set (not on the first stage). Weight gradients accumulate. */
 void ff_model_rank_backward(ff_model_rank *mr, int slot, int64_t b, const float *dx_in,
                             float *dx_out);
+
+/* Backend memory of a slot's stage boundary, where device-to-device transfers read and write
+ * (the micro-batch's tokens·h floats): the stage's input before its forward (valid until the
+ * forward; under bf16 storage one buffer for every slot), its output after the forward, and
+ * the gradient of its output before the backward, which the backward replaces by the gradient
+ * of its input. */
+float *ff_model_rank_input(ff_model_rank *mr, int slot);
+float *ff_model_rank_output(ff_model_rank *mr, int slot);
+float *ff_model_rank_gradient(ff_model_rank *mr, int slot);
 
 /* One micro-batch of b sequences on a whole model (embedding through loss) on one rank:
  * forward, then backward accumulating gradients. Token losses are summed into *loss_sum;

@@ -141,10 +141,13 @@ for name in everything tp4-gqa; do
 done
 # The device-collective paths (what NCCL takes on GPUs: gradient sums in place on backend memory,
 # segments packed there by copy_rows, shared kv heads summed on a backend buffer, TP sums without
-# staging), run on the CPU by FF_TEST_DEVICE_COMM: MPI carrying the staged backend's memory.
-for name in everything dp2-tp2-beside-tp4 tp4-gqa; do
+# staging, activations between stages sent device to device in paired batches), run on the CPU
+# by FF_TEST_DEVICE_COMM: MPI carrying the staged backend's memory. Its batches send in
+# synchronous mode, so a schedule whose sends would wait on each other under NCCL hangs here
+# too, and the timeout fails it.
+for name in everything dp2-tp2-beside-tp4 tp4-gqa pp4-tp-1-2-4-1 pp3-one-layer-stage; do
   checks=$((checks + 2))
-  FF_TEST_STAGED_CPU=1 FF_TEST_DEVICE_COMM=1 mpirun -np "$(ranks tests/plans/$name.json)" "$ffrun" \
+  FF_TEST_STAGED_CPU=1 FF_TEST_DEVICE_COMM=1 timeout 300 mpirun -np "$(ranks tests/plans/$name.json)" "$ffrun" \
     tests/plans/$name.json --text LICENSE --steps 5 --quiet --metrics "$tmp/devcomm-$name.jsonl" \
     --checkpoint-dir "$tmp/devcomm-$name" >"$tmp/devcomm.log" 2>&1 || { fail "device comm $name"; tail -5 "$tmp/devcomm.log"; }
   losses_agree "$tmp/ref5.jsonl" "$tmp/devcomm-$name.jsonl" >/dev/null || fail "device comm $name: losses differ"
@@ -264,6 +267,19 @@ sys.exit(0 if b < a else 1)
 PY
   done
 done
+
+# Device-to-device transfers land where the model reads them: into the one work set under bf16
+# storage, into each layer's kept input under full recompute. Both, with TP on either side of a
+# boundary, train exactly as the host-staged path does.
+checks=$((checks + 2))
+FF_TEST_STAGED_CPU=1 FF_TEST_DEVICE_COMM=1 timeout 300 mpirun -np "$(ranks tests/plans/everything.json)" \
+  "$ffrun" "$tmp/rc-bf16-everything.json" --text LICENSE --steps 5 --quiet \
+  --metrics "$tmp/devcomm-rc.jsonl" --checkpoint-dir "$tmp/devcomm-rc" >"$tmp/devcomm.log" 2>&1 ||
+  { fail "device comm, bf16 and recompute"; tail -5 "$tmp/devcomm.log"; }
+losses_close "$tmp/rc-bf16-everything.jsonl" "$tmp/devcomm-rc.jsonl" 0 ||
+  fail "device comm, bf16 and recompute: losses differ from the host path"
+python3 "$compare" "$tmp/devcomm-rc/step-00000005.safetensors" "$tmp/rc-bf16-everything/step-00000005.safetensors" 0 \
+  >/dev/null || fail "device comm, bf16 and recompute: final weights differ from the host path"
 
 echo "distributed: $checks checks, $failures failed"
 [ "$failures" -eq 0 ]

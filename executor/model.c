@@ -9,7 +9,10 @@
  * all-reduce (after the row-parallel Wo and Wd, and the input gradients of the column-parallel
  * matmuls) this one-rank code holds the whole sums already. A bf16 plan keeps what the backward
  * needs in bf16: each such tensor is rounded as it is made (keep) and unpacked for the backward
- * (load_layer), the layer itself computed in fp32 in one work set. */
+ * (load_layer), the layer itself computed in fp32 in one work set. A stage with full recompute
+ * keeps only each layer's input, and load_layer runs the layer's forward again into the work
+ * set. What is allocated here is what the cost model predicts (ff_mem_layer_kept_bytes,
+ * ff_mem_stage_buffer_bytes): change one, change the other. */
 #define _POSIX_C_SOURCE 200809L
 #include "model.h"
 

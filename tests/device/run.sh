@@ -124,7 +124,7 @@ $ffplan plan --cluster tests/device/h200-1.json --model tests/device/llama-1b.js
   --training tests/device/bench-training.json -o "$out/llama-1b.json" >"$out/llama-1b-plan.txt" 2>&1
 timeout 300 $ffrun "$out/llama-1b.json" --text LICENSE --steps 6 --backend cuda \
   --metrics "$out/llama-1b.jsonl" >"$out/llama-1b.log" 2>&1
-detail=$(python3 - "$out/llama-1b.jsonl" tests/device/llama-1b.json <<'PY'
+detail=$(python3 - "$out/llama-1b.jsonl" tests/device/llama-1b.json "$out/llama-1b.json" <<'PY'
 import json, os, statistics, sys
 if not os.path.exists(sys.argv[1]):
     print("no metrics: see llama-1b.log"); sys.exit(1)
@@ -132,6 +132,7 @@ rows = [json.loads(l) for l in open(sys.argv[1])][2:]  # steps 1-2 warm up
 if not rows:
     print("no steps measured"); sys.exit(1)
 m = json.load(open(sys.argv[2]))
+reserve = json.load(open(sys.argv[3]))["inputs"]["cluster"]["device_types"][0]["runtime_reserve_gib"]
 C, L, F, V, S = m["hidden"], m["layers"], m["ffn_hidden"], m["vocab"], m["seq_len"]
 D = C // m["heads"]
 matmul_params = L * (2 * C * C + 2 * C * m["kv_heads"] * D + 3 * C * F) + V * C
@@ -141,12 +142,13 @@ tokens = med("tokens_per_second") * step
 mm_tflops = 6 * tokens * matmul_params / mm / 1e12 if mm > 0 else 0
 print("median of %d steps: %.3f s/step, %.0f tokens/s, MFU %.1f %% (989 TFLOP/s); split: matmul "
       "%.3f s (%.0f %%, %.0f TFLOP/s = %.0f %% of 989), attention %.3f s (%.0f %%), the rest %.3f s; "
-      "backend memory %.1f GiB, device %.1f GiB (predicted %.1f GiB with the runtime reserve; "
-      "activations kept in bf16)"
+      "backend memory %.2f GiB against %.2f predicted less the %.2f GiB runtime reserve (%.1f %%); "
+      "device %.2f GiB in use against %.2f predicted (activations kept in bf16)"
       % (len(rows), step, med("tokens_per_second"), 100 * med("mfu"), mm, 100 * mm / step,
          mm_tflops, 100 * mm_tflops / 989, att, 100 * att / step, step - mm - att,
-         rows[-1]["memory_gib"], rows[-1].get("device_used_gib", 0),
-         rows[-1]["predicted"]["memory_gib"]))
+         rows[-1]["memory_gib"], rows[-1]["predicted"]["memory_gib"] - reserve, reserve,
+         100 * rows[-1]["memory_gib"] / (rows[-1]["predicted"]["memory_gib"] - reserve),
+         rows[-1].get("device_used_gib", 0), rows[-1]["predicted"]["memory_gib"]))
 PY
 ) && r=measured || r=FAIL
 row "4. llama-1b, 1 GPU, bf16 matmuls" $r "$detail"

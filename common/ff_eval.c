@@ -161,8 +161,9 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
     re->memory_bytes[FF_MEM_GRADIENTS] = re->params * 4.0;
     re->memory_bytes[FF_MEM_MASTER] = bf16_copy ? re->params * 4.0 / zero_d : 0.0;
     re->memory_bytes[FF_MEM_OPTIMIZER] = re->params * 8.0 / zero_d;
+    double kept = ff_mem_layer_kept_bytes(m, sh, b, tr->precision, st->recompute);
     re->memory_bytes[FF_MEM_ACTIVATIONS] =
-        layers * (double)se->in_flight * ff_mem_layer_kept_bytes(m, sh, b, tr->precision, st->recompute) +
+        layers * (double)se->in_flight * kept +
         ff_mem_stage_buffer_bytes(m, sh, b, tr->precision, st->recompute, layers > 0,
                                   (double)se->in_flight);
     re->memory_bytes[FF_MEM_LOGITS] = st->lm_head ? ff_mem_logits_bytes(m, sh, b) : 0.0;

@@ -741,7 +741,8 @@ static void staging_free(dist *d, int dir, int64_t j) {
  * of the full activation, which every rank of its stage holds; a receiving rank receives every
  * chunk, so the chunks of all the senders make up the whole tensor. */
 static int device_ops(dist *d, ff_p2p *ops, int n, bool send, int dir, int64_t j) {
-  const ff_plan_stage *peer = &d->pl->stages[dir == FWD ? d->s + (send ? 1 : -1) : d->s + (send ? -1 : 1)];
+  /* forward: send to the next stage, receive from the previous; backward the other way */
+  const ff_plan_stage *peer = &d->pl->stages[(dir == FWD) == send ? d->s + 1 : d->s - 1];
   int64_t NC = d->pl->micro_batch_size * d->plan->model.seq_len * d->plan->model.hidden;
   float *buf = dir == FWD ? (send ? ff_model_rank_output(&d->mr, slot_of(d, j))
                                   : ff_model_rank_input(&d->mr, slot_of(d, j)))
@@ -796,7 +797,8 @@ static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, doub
       ff_data_sequence(&d->data, step, d->first_seq + j * b + i, plan->training.global_batch, S,
                        in + i * S, tg + i * S);
   const float *x_in = d->st->embedding || d->p2p_device ? NULL : d->recv_buf;
-  float *out = d->st->lm_head || d->p2p_device ? NULL : d->send_fwd + (int64_t)slot_of(d, j) * N * C;
+  float *out = d->st->lm_head || d->p2p_device ? NULL
+                                               : d->send_fwd + (int64_t)slot_of(d, j) * N * C;
   if (out)
     staging_free(d, FWD, j);
   double t0 = now(), tp0 = d->t_tp, dp0 = d->t_dp;
@@ -813,7 +815,8 @@ static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, doub
 static void run_backward(dist *d, int64_t j) {
   int64_t b = d->pl->micro_batch_size, N = b * d->plan->model.seq_len, C = d->plan->model.hidden;
   const float *dx_in = d->st->lm_head || d->p2p_device ? NULL : d->recv_buf;
-  float *out = d->st->embedding || d->p2p_device ? NULL : d->send_bwd + (int64_t)slot_of(d, j) * N * C;
+  float *out = d->st->embedding || d->p2p_device ? NULL
+                                                 : d->send_bwd + (int64_t)slot_of(d, j) * N * C;
   if (out)
     staging_free(d, BWD, j);
   double t0 = now(), tp0 = d->t_tp, dp0 = d->t_dp;

@@ -132,7 +132,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static ff_model_rank mr;
   if (!mr.params) {
     ff_shard_spec spec = {0, 1, true, true, {0, 2}, {0, 2}, {0, 8}, {0, 16}};
-    if (ff_model_rank_init(&mr, &m, ff_kernels_cpu(1), &spec, 1, 1, false, FF_RECOMPUTE_NONE) != FF_OK)
+    if (ff_model_rank_init(&mr, &m, ff_kernels_cpu(1), &spec, 1, 1, false, FF_RECOMPUTE_NONE) !=
+        FF_OK)
       abort();
   }
   const char *path = temp_file(data, size);

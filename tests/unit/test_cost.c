@@ -250,9 +250,11 @@ static void memory_grows_with_micro_batch_size_and_in_flight_count(void **state)
   const ff_rank_eval *first = &small.ranks[0], *last = &small.ranks[2];
   const ff_plan_rank *r0 = &plan.pipelines[0].stages[0].ranks[0];
   ff_shard sh = {(double)(r0->heads.end - r0->heads.first),
-                 (double)(r0->kv_heads.end - r0->kv_heads.first), (double)(r0->ffn.end - r0->ffn.first), 0};
+                 (double)(r0->kv_heads.end - r0->kv_heads.first),
+                 (double)(r0->ffn.end - r0->ffn.first), 0};
   double n = 2.0 * (double)plan.model.seq_len, h = (double)plan.model.hidden;
-  double kept = ff_mem_layer_kept_bytes(&plan.model, sh, 2, FF_PRECISION_BF16, FF_RECOMPUTE_SELECTIVE);
+  double kept =
+      ff_mem_layer_kept_bytes(&plan.model, sh, 2, FF_PRECISION_BF16, FF_RECOMPUTE_SELECTIVE);
   double diff = first->memory_bytes[FF_MEM_ACTIVATIONS] - last->memory_bytes[FF_MEM_ACTIVATIONS];
   assert_true(fabs(diff - (16 * kept + n * (2 * h + 1) * 4)) < 1e-9 * diff);
   ff_plan_eval_free(&small);

@@ -1,9 +1,10 @@
 /* ff_cuda_common.cuh — what the CUDA backend's files share: the one stream every kernel and copy
- * of this rank runs on, the error check every CUDA, cuBLAS and launch call goes through, and
+ * of this rank runs on, the error checks every CUDA, cuBLAS and launch call goes through, and
  * small warp/block reductions. Internal to kernels/cuda. */
 #ifndef FF_CUDA_COMMON_CUH
 #define FF_CUDA_COMMON_CUH
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -19,6 +20,14 @@ void ff_cuda_fatal(const char *file, int line, const char *call, const char *mes
     cudaError_t ff_err_ = (call);                                                              \
     if (ff_err_ != cudaSuccess)                                                                \
       ff_cuda_fatal(__FILE__, __LINE__, #call, cudaGetErrorString(ff_err_));                   \
+  } while (0)
+
+/* The same for a cuBLAS or cuBLASLt call. */
+#define FF_CUBLAS_CHECK(call)                                                                  \
+  do {                                                                                         \
+    cublasStatus_t ff_st_ = (call);                                                            \
+    if (ff_st_ != CUBLAS_STATUS_SUCCESS)                                                       \
+      ff_cuda_fatal(__FILE__, __LINE__, #call, cublasGetStatusString(ff_st_));                 \
   } while (0)
 
 /* After a launch: a bad configuration shows up here, a fault at the next synchronising call. */

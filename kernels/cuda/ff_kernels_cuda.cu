@@ -4,9 +4,10 @@
  * matmuls run on bf16 tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF).
  *
  * Every reduction has a fixed shape (no atomics), so a run repeats bit for bit on the same GPU.
- * Attention lives in ff_attention_cuda.cu. The backend is one per process: the table interface
- * carries no context, so the stream, the cuBLASLt handle and the allocation ledger sit in one
- * static struct set up by ff_kernels_cuda(). */
+ * Attention lives in ff_attention_cuda.cu (fused, fp32), or with FF_ATTENTION=gemm in
+ * ff_attention_gemm_cuda.cu (cuBLAS, tensor cores in bf16). The backend is one per process: the
+ * table interface carries no context, so the stream, the cuBLASLt handle and the allocation
+ * ledger sit in one static struct set up by ff_kernels_cuda(). */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <stdio.h>
@@ -23,6 +24,15 @@ extern "C" void ff_cuda_attention_bwd(float *dq, float *dk, float *dv, const flo
                                       const float *out, const float *lse, const float *q,
                                       const float *k, const float *v, int B, int S, int Hq,
                                       int Hkv, int D, int q_first, int kv_first, int group);
+extern "C" void ff_cuda_attention_gemm_fwd(cublasHandle_t blas, cublasComputeType_t ct, float *out,
+                                           float *lse, const float *q, const float *k,
+                                           const float *v, int B, int S, int Hq, int Hkv, int D,
+                                           int q_first, int kv_first, int group);
+extern "C" void ff_cuda_attention_gemm_bwd(cublasHandle_t blas, cublasComputeType_t ct, float *dq,
+                                           float *dk, float *dv, const float *dout,
+                                           const float *out, const float *lse, const float *q,
+                                           const float *k, const float *v, int B, int S, int Hq,
+                                           int Hkv, int D, int q_first, int kv_first, int group);
 
 enum {
   THREADS = 256,
@@ -52,6 +62,7 @@ static struct cuda_backend {
   bool ready;
   int device;
   ff_kernel_math math;
+  bool attention_gemm; /* FF_ATTENTION=gemm: attention through cuBLAS */
   void (*on_fatal)(int status);
   cudaStream_t stream;
   cublasLtHandle_t lt;
@@ -82,13 +93,6 @@ void ff_cuda_fatal(const char *file, int line, const char *call, const char *mes
   if (g.on_fatal) g.on_fatal(1);
   exit(1);
 }
-
-#define FF_CUBLAS_CHECK(call)                                                                  \
-  do {                                                                                         \
-    cublasStatus_t ff_st_ = (call);                                                            \
-    if (ff_st_ != CUBLAS_STATUS_SUCCESS)                                                       \
-      ff_cuda_fatal(__FILE__, __LINE__, #call, cublasGetStatusString(ff_st_));                 \
-  } while (0)
 
 /* ---- timing of matmuls and attention ---------------------------------------------------- */
 
@@ -329,11 +333,19 @@ static void matmul_bwd(float *dinp, float *dw, const float *dout, const float *i
   op_end(t);
 }
 
+static cublasComputeType_t compute_type(void) {
+  return g.math == FF_MATH_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+}
+
 static void attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                           int B, int S, int Hq, int Hkv, int D, int q_first, int kv_first,
                           int group) {
   int t = op_begin(OP_ATTENTION);
-  ff_cuda_attention_fwd(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
+  if (g.attention_gemm)
+    ff_cuda_attention_gemm_fwd(g.blas, compute_type(), out, lse, q, k, v, B, S, Hq, Hkv, D,
+                               q_first, kv_first, group);
+  else
+    ff_cuda_attention_fwd(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
   op_end(t);
 }
 
@@ -341,8 +353,12 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
                           const float *lse, const float *q, const float *k, const float *v, int B,
                           int S, int Hq, int Hkv, int D, int q_first, int kv_first, int group) {
   int t = op_begin(OP_ATTENTION);
-  ff_cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first,
-                        group);
+  if (g.attention_gemm)
+    ff_cuda_attention_gemm_bwd(g.blas, compute_type(), dq, dk, dv, dout, out, lse, q, k, v, B, S,
+                               Hq, Hkv, D, q_first, kv_first, group);
+  else
+    ff_cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first,
+                          group);
   op_end(t);
 }
 
@@ -752,6 +768,8 @@ extern "C" const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math,
   }
   g.device = device;
   g.math = math;
+  const char *attention = getenv("FF_ATTENTION");
+  g.attention_gemm = attention && strcmp(attention, "gemm") == 0;
   g.on_fatal = on_fatal;
   g.ready = true;
   return &cuda_kernels;

@@ -4,13 +4,15 @@
 #   tests/device/fetch-debs.sh          (here, once: the Debian packages the build needs)
 #   tests/device/run.sh                 (there, carrying .device-debs)
 # It builds with CUDA into build-device/, then
-#   1. every kernel against the CPU backend on fresh random inputs (check_kernels fp32, bf16);
-#   2. 20 training steps of the tiny model on the GPU against the CPU backend, fp32 and bf16;
+#   1. every kernel against the CPU backend on fresh random inputs (check_kernels fp32, bf16),
+#      with the fused attention kernel and again with FF_ATTENTION=gemm (cuBLAS attention);
+#   2. 20 training steps of the tiny model on the GPU against the CPU backend, fp32 and bf16,
+#      with either attention;
 #   3. a 4-rank plan (DP + PP + uneven TP with a shared kv head) on the one GPU under mpirun
 #      (--comm mpi: NCCL refuses two ranks on one GPU), against the one-rank GPU run of the same
 #      model; and the NCCL backend on one rank (several need several GPUs);
-#   4. the ~1B Llama on one GPU: tokens/s, MFU against 989 TFLOP/s, the step split into matmul,
-#      attention and the rest, backend memory;
+#   4. the ~1B Llama on one GPU, with either attention: tokens/s, MFU against 989 TFLOP/s, the
+#      step split into matmul, attention and the rest, memory against the prediction;
 #   5. `ffrun profile` on the GPU, a plan on that profile, one run of it, `ffplan calibrate`;
 # and prints a summary table last (also written to $OUT/summary.md when OUT is set).
 # Exit status: the number of failed parts (0 = all passed).
@@ -59,15 +61,22 @@ ffplan=build-device/planner/ffplan
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/gpu.txt" 2>&1
 
 # ---- 1. kernels --------------------------------------------------------------------------------
-for math in fp32 bf16; do
-  say "check_kernels $math"
-  build-device/tests/check_kernels "$math" >"$out/kernels-$math.txt" 2>&1
-  rc=$?
-  worst=$(awk '$0 ~ /rel error/ {for (i = 1; i < NF; i++) if ($i == "error") print $(i + 1)}' \
-          "$out/kernels-$math.txt" | sort -g | tail -1)
-  [ $rc -eq 0 ] && r=pass || r=FAIL
-  row "1. kernels ($math)" $r "$(tail -1 "$out/kernels-$math.txt"); worst rel error ${worst:-?}"
-  grep FAIL "$out/kernels-$math.txt" | head -5 >&2
+# (then again with FF_ATTENTION=gemm: attention through cuBLAS instead of the fused kernel)
+for attention in fused gemm; do
+  for math in fp32 bf16; do
+    say "check_kernels $math, attention $attention"
+    log=$out/kernels-$math-$attention.txt
+    # chunks of 32 query rows, so that the checks' short sequences cross chunks
+    FF_ATTENTION=$attention FF_TEST_ATTENTION_ROWS=32 build-device/tests/check_kernels "$math" \
+      >"$log" 2>&1
+    rc=$?
+    worst=$(awk '$0 ~ /rel error/ {for (i = 1; i < NF; i++) if ($i == "error") print $(i + 1)}' \
+            "$log" | sort -g | tail -1)
+    [ $rc -eq 0 ] && r=pass || r=FAIL
+    row "1. kernels ($math, attention $attention)" $r \
+      "$(tail -1 "$log"); worst rel error ${worst:-?}"
+    grep FAIL "$log" | head -5 >&2
+  done
 done
 
 # losses A B TOL: the per-step losses of two metrics files agree to relative TOL
@@ -101,6 +110,10 @@ for prec in fp32 bf16; do
       2>"$out/gpu-$prec.err"
   detail=$(losses "$out/cpu-$prec.jsonl" "$out/gpu-$prec.jsonl" $tol) && r=pass || r=FAIL
   row "2. 20 steps GPU vs CPU ($prec)" $r "$detail"
+  FF_ATTENTION=gemm $ffrun "$plan" --text LICENSE --steps 20 --quiet --backend cuda \
+    --metrics "$out/gpu-$prec-gemm.jsonl" 2>"$out/gpu-$prec-gemm.err"
+  detail=$(losses "$out/cpu-$prec.jsonl" "$out/gpu-$prec-gemm.jsonl" $tol) && r=pass || r=FAIL
+  row "2. 20 steps GPU vs CPU ($prec, attention gemm)" $r "$detail"
 done
 
 # ---- 3. a 4-rank plan on the one GPU -----------------------------------------------------------
@@ -122,12 +135,13 @@ row "3b. --comm nccl, 1 rank (bootstrap, splits, watchdog)" $r "$detail"
 say "llama-1b throughput"
 $ffplan plan --cluster tests/device/h200-1.json --model tests/device/llama-1b.json \
   --training tests/device/bench-training.json -o "$out/llama-1b.json" >"$out/llama-1b-plan.txt" 2>&1
-timeout 300 $ffrun "$out/llama-1b.json" --text LICENSE --steps 6 --backend cuda \
-  --metrics "$out/llama-1b.jsonl" >"$out/llama-1b.log" 2>&1
-detail=$(python3 - "$out/llama-1b.jsonl" tests/device/llama-1b.json "$out/llama-1b.json" <<'PY'
+for attention in fused gemm; do
+timeout 300 env FF_ATTENTION=$attention $ffrun "$out/llama-1b.json" --text LICENSE --steps 6 \
+  --backend cuda --metrics "$out/llama-1b-$attention.jsonl" >"$out/llama-1b-$attention.log" 2>&1
+detail=$(python3 - "$out/llama-1b-$attention.jsonl" tests/device/llama-1b.json "$out/llama-1b.json" <<'PY'
 import json, os, statistics, sys
 if not os.path.exists(sys.argv[1]):
-    print("no metrics: see llama-1b.log"); sys.exit(1)
+    print("no metrics: see the run's log"); sys.exit(1)
 rows = [json.loads(l) for l in open(sys.argv[1])][2:]  # steps 1-2 warm up
 if not rows:
     print("no steps measured"); sys.exit(1)
@@ -151,7 +165,8 @@ print("median of %d steps: %.3f s/step, %.0f tokens/s, MFU %.1f %% (989 TFLOP/s)
          rows[-1].get("device_used_gib", 0), rows[-1]["predicted"]["memory_gib"]))
 PY
 ) && r=measured || r=FAIL
-row "4. llama-1b, 1 GPU, bf16 matmuls" $r "$detail"
+row "4. llama-1b, 1 GPU, bf16 matmuls, attention $attention" $r "$detail"
+done
 
 # ---- 5. profile the GPU, plan on the profile, calibrate on a run -------------------------------
 say "ffrun profile on the GPU, then calibrate"

@@ -938,9 +938,32 @@ void ff_json_write(const cJSON *root, ff_buf *b) {
   ff_buf_puts(b, "\n");
 }
 
-ff_status ff_write_file_atomic(const char *file, const char *data, size_t len, ff_diag *d) {
+/* Every byte of one piece, through short writes and interrupted calls; 0 or errno. */
+static int write_all(int fd, const char *data, size_t len) {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t w = write(fd, data + done, len - done);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      return errno;
+    }
+    done += (size_t)w;
+  }
+  return 0;
+}
+
+ff_status ff_write_pieces_atomic(const char *file, ff_next_piece next, void *ctx, ff_diag *d) {
+  const char *data;
+  size_t len;
   if (strcmp(file, "-") == 0) {
-    if (fwrite(data, 1, len, stdout) != len || fflush(stdout) != 0) {
+    bool produced;
+    while ((produced = next(ctx, &data, &len, d)) && len > 0)
+      if (fwrite(data, 1, len, stdout) != len)
+        break;
+    if (!produced)
+      return FF_ERR_RUNTIME;
+    if (len > 0 || fflush(stdout) != 0) {
       ff_diag_error(d, NULL, "cannot write to standard output: %s", strerror(errno));
       return FF_ERR_RUNTIME;
     }
@@ -961,34 +984,48 @@ ff_status ff_write_file_atomic(const char *file, const char *data, size_t len, f
     free(tmp);
     return FF_ERR_RUNTIME;
   }
-  size_t done = 0;
-  while (done < len) {
-    ssize_t w = write(fd, data + done, len - done);
-    if (w < 0) {
-      if (errno == EINTR)
-        continue;
-      break;
-    }
-    done += (size_t)w;
-  }
-  int err = done == len ? 0 : errno;
-  if (!err && fsync(fd) != 0)
+  int err = 0;
+  bool produced = true;
+  while (!err && (produced = next(ctx, &data, &len, d)) && len > 0)
+    err = write_all(fd, data, len);
+  if (!err && produced && fsync(fd) != 0)
     err = errno;
   if (close(fd) != 0 && !err)
     err = errno;
-  if (!err) {
+  if (!err && produced) {
     chmod(tmp, 0644); /* mkstemp creates 0600; outputs are ordinary readable files */
     if (rename(tmp, file) != 0)
       err = errno;
   }
-  if (err) {
+  if (err || !produced) {
     unlink(tmp);
-    ff_diag_error(d, NULL, "cannot write %s: %s (nothing was changed)", file, strerror(err));
+    if (err)
+      ff_diag_error(d, NULL, "cannot write %s: %s (nothing was changed)", file, strerror(err));
     free(tmp);
     return FF_ERR_RUNTIME;
   }
   free(tmp);
   return FF_OK;
+}
+
+typedef struct one_piece {
+  const char *data;
+  size_t len;
+  bool given;
+} one_piece;
+
+static bool next_of_one(void *ctx, const char **data, size_t *len, ff_diag *d) {
+  (void)d;
+  one_piece *p = ctx;
+  *data = p->data;
+  *len = p->given ? 0 : p->len;
+  p->given = true;
+  return true;
+}
+
+ff_status ff_write_file_atomic(const char *file, const char *data, size_t len, ff_diag *d) {
+  one_piece p = {data, len, len == 0};
+  return ff_write_pieces_atomic(file, next_of_one, &p, d);
 }
 
 uint64_t ff_fnv1a64(const void *data, size_t len) {

@@ -110,6 +110,10 @@ void ff_format_double(double x, char out[32]);
 void ff_json_write(const cJSON *root, ff_buf *b);
 /* Write data to file via a temporary in the same directory, fsync and rename. "-" is stdout. */
 ff_status ff_write_file_atomic(const char *file, const char *data, size_t len, ff_diag *d);
+/* The same for data handed out in pieces: next() gives the following piece (*len 0: no more) and
+ * returns false when it cannot (having said why in d), which leaves the file untouched. */
+typedef bool (*ff_next_piece)(void *ctx, const char **data, size_t *len, ff_diag *d);
+ff_status ff_write_pieces_atomic(const char *file, ff_next_piece next, void *ctx, ff_diag *d);
 /* Render `root` canonically (ff_json_write) and write it with ff_write_file_atomic; a document
  * that cannot be rendered (out of memory) is not written. */
 ff_status ff_write_json_atomic(const char *file, const cJSON *root, ff_diag *d);

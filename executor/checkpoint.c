@@ -26,22 +26,68 @@ static void shape_json(cJSON *o, const ff_tensor *t) {
 }
 
 #define CHECK_BLOCK (1u << 20)
+#define STREAM_CHUNK ((size_t)64 << 20) /* bytes staged at a time: a multiple of CHECK_BLOCK */
+
+/* The data section as a stream over the rank's blocks (parameters, the two moments and maybe
+ * the gradients, one after the other), copied out a chunk at a time, so a save holds one chunk
+ * beside the model instead of two copies of it. */
+typedef struct data_stream {
+  const ff_model_rank *mr;
+  size_t block_bytes, total, at;
+  unsigned char *chunk;
+  char *head; /* the 8-byte length and the padded header, handed out first */
+  size_t head_len;
+} data_stream;
+
+/* Bytes [from, from + n) of the data section into dst. */
+static void read_data(const data_stream *s, size_t from, unsigned char *dst, size_t n) {
+  while (n > 0) {
+    int which = (int)(from / s->block_bytes);
+    size_t off = from % s->block_bytes, take = s->block_bytes - off < n ? s->block_bytes - off : n;
+    s->mr->k->to_host(dst, (const unsigned char *)block_of(s->mr, which) + off, take);
+    dst += take;
+    from += take;
+    n -= take;
+  }
+}
 
 /* FNV-1a of every 1 MiB of the data section, as hex, comma-separated: a damaged file is refused
  * with the offset of the first block that does not match. */
-static char *block_checksums(const unsigned char *data, size_t len) {
-  size_t blocks = (len + CHECK_BLOCK - 1) / CHECK_BLOCK;
+static char *block_checksums(const data_stream *s) {
+  size_t blocks = (s->total + CHECK_BLOCK - 1) / CHECK_BLOCK;
   char *out = malloc(blocks * 17 + 1);
   if (!out)
     return NULL;
   out[0] = '\0';
-  size_t j = 0;
-  for (size_t b = 0; b < blocks; b++) {
-    size_t n = len - b * CHECK_BLOCK < CHECK_BLOCK ? len - b * CHECK_BLOCK : CHECK_BLOCK;
-    j += (size_t)snprintf(out + j, 18, "%s%016llx", b ? "," : "",
-                          (unsigned long long)ff_fnv1a64(data + b * CHECK_BLOCK, n));
+  size_t j = 0, b = 0;
+  for (size_t from = 0; from < s->total; from += STREAM_CHUNK) {
+    size_t n = s->total - from < STREAM_CHUNK ? s->total - from : STREAM_CHUNK;
+    read_data(s, from, s->chunk, n);
+    for (size_t at = 0; at < n; at += CHECK_BLOCK, b++) {
+      size_t len = n - at < CHECK_BLOCK ? n - at : CHECK_BLOCK;
+      j += (size_t)snprintf(out + j, 18, "%s%016llx", b ? "," : "",
+                            (unsigned long long)ff_fnv1a64(s->chunk + at, len));
+    }
   }
   return out;
+}
+
+/* The header, then the data a chunk at a time. */
+static bool next_piece(void *ctx, const char **data, size_t *len, ff_diag *d) {
+  (void)d;
+  data_stream *s = ctx;
+  if (s->head) {
+    *data = s->head;
+    *len = s->head_len;
+    s->head = NULL; /* still owned by the caller */
+    return true;
+  }
+  size_t n = s->total - s->at < STREAM_CHUNK ? s->total - s->at : STREAM_CHUNK;
+  read_data(s, s->at, s->chunk, n);
+  s->at += n;
+  *data = (const char *)s->chunk;
+  *len = n;
+  return true;
 }
 
 static cJSON *header_json(const ff_model_rank *mr, const ff_ckpt_meta *meta, int blocks,
@@ -85,44 +131,34 @@ ff_status ff_checkpoint_save(const char *dir, const ff_model_rank *mr, const ff_
                     "distributed executor", mr->tensors[i].name);
       return FF_ERR_INPUT;
     }
-  size_t data_bytes = (size_t)mr->n_params * 4 * (size_t)blocks;
-  unsigned char *data = malloc(data_bytes ? data_bytes : 1);
-  if (!data) {
-    ff_diag_error(d, NULL, "out of memory for a checkpoint of %zu bytes", data_bytes);
-    return FF_ERR_RUNTIME;
-  }
-  for (int which = 0; which < blocks; which++)
-    mr->k->to_host(data + (size_t)which * (size_t)mr->n_params * 4, block_of(mr, which),
-                   (size_t)mr->n_params * 4);
-  char *sums = block_checksums(data, data_bytes);
+  size_t block_bytes = (size_t)mr->n_params * 4, data_bytes = block_bytes * (size_t)blocks;
+  data_stream s = {mr, block_bytes, data_bytes, 0, NULL, NULL, 0};
+  s.chunk = malloc(data_bytes < STREAM_CHUNK ? (data_bytes ? data_bytes : 1) : STREAM_CHUNK);
+  char *sums = s.chunk ? block_checksums(&s) : NULL;
   cJSON *h = sums ? header_json(mr, meta, blocks, sums, data_bytes) : NULL;
   char *text = h ? cJSON_PrintUnformatted(h) : NULL;
   cJSON_Delete(h);
   free(sums);
-  if (!text) {
-    free(data);
-    return FF_ERR_RUNTIME;
-  }
-  size_t hlen = strlen(text), padded = (hlen + 7) / 8 * 8;
-  size_t total = 8 + padded + data_bytes;
-  unsigned char *buf = malloc(total);
-  if (!buf) {
+  size_t hlen = text ? strlen(text) : 0, padded = (hlen + 7) / 8 * 8;
+  char *head = text ? malloc(8 + padded) : NULL;
+  if (!head) {
     free(text);
-    free(data);
-    ff_diag_error(d, NULL, "out of memory for a checkpoint of %zu bytes", total);
+    free(s.chunk);
+    ff_diag_error(d, NULL, "out of memory for a checkpoint");
     return FF_ERR_RUNTIME;
   }
   uint64_t len = padded;
   for (int i = 0; i < 8; i++)
-    buf[i] = (unsigned char)(len >> (8 * i)); /* little-endian, as safetensors specifies */
-  memcpy(buf + 8, text, hlen);
-  memset(buf + 8 + hlen, ' ', padded - hlen);
+    head[i] = (char)(unsigned char)(len >> (8 * i)); /* little-endian, as safetensors specifies */
+  memcpy(head + 8, text, hlen);
+  memset(head + 8 + hlen, ' ', padded - hlen);
   free(text);
-  memcpy(buf + 8 + padded, data, data_bytes);
-  free(data);
+  s.head = head;
+  s.head_len = 8 + padded;
   snprintf(path_out, cap, "%s/step-%08" PRId64 ".safetensors", dir, meta->step);
-  ff_status st = ff_write_file_atomic(path_out, (const char *)buf, total, d);
-  free(buf);
+  ff_status st = ff_write_pieces_atomic(path_out, next_piece, &s, d);
+  free(head);
+  free(s.chunk);
   return st;
 }
 

@@ -966,6 +966,53 @@ static void atomic_write_writes_the_content_and_leaves_no_temporary_file(void **
   free(dir);
 }
 
+/* A producer of "ab", "cd", then nothing (an empty piece ends the file); with `fail_at` it fails
+ * instead of handing out that piece. */
+typedef struct pieces_ctx {
+  int next, fail_at;
+} pieces_ctx;
+
+static bool two_pieces(void *ctx, const char **data, size_t *len, ff_diag *d) {
+  pieces_ctx *p = ctx;
+  static const char *const text[] = {"ab", "cd"};
+  if (p->next == p->fail_at) {
+    ff_diag_error(d, NULL, "the producer failed at piece %d", p->next);
+    return false;
+  }
+  *data = p->next < 2 ? text[p->next] : "";
+  *len = p->next < 2 ? 2 : 0;
+  p->next++;
+  return true;
+}
+
+/* The file holds exactly `want`. */
+static void holds(const char *file, const char *want) {
+  size_t len;
+  char *back = slurp(file, &len);
+  assert_int_equal(len, strlen(want));
+  assert_memory_equal(back, want, len);
+  free(back);
+}
+
+static void atomic_write_of_pieces_writes_them_in_order_or_leaves_the_file(void **state) {
+  (void)state;
+  char *dir = make_temp_dir(), file[1024];
+  snprintf(file, sizeof file, "%s/out.bin", dir);
+  ff_diag d;
+  ff_diag_init(&d, file);
+  pieces_ctx ok = {0, -1}, bad = {0, 1};
+  assert_int_equal(ff_write_pieces_atomic(file, two_pieces, &ok, &d), FF_OK);
+  holds(file, "abcd");
+  /* a producer that fails after its first piece: an error, the old file, no temporary left */
+  assert_int_equal(ff_write_pieces_atomic(file, two_pieces, &bad, &d), FF_ERR_RUNTIME);
+  assert_contains(ff_diag_text(&d), "the producer failed at piece 1");
+  holds(file, "abcd");
+  assert_int_equal(count_entries(dir), 1);
+  ff_diag_free(&d);
+  remove_tree(dir);
+  free(dir);
+}
+
 static void atomic_write_fails_cleanly_when_the_directory_does_not_exist(void **state) {
   (void)state;
   char *dir = make_temp_dir();
@@ -1138,6 +1185,7 @@ int main(void) {
       cmocka_unit_test(atomic_write_fails_cleanly_where_it_cannot_create_files),
       cmocka_unit_test(atomic_write_over_a_directory_fails_and_removes_its_temporary_file),
       cmocka_unit_test(atomic_write_of_dash_writes_standard_output),
+      cmocka_unit_test(atomic_write_of_pieces_writes_them_in_order_or_leaves_the_file),
       cmocka_unit_test(files_over_64_mib_are_rejected_by_the_loader),
       cmocka_unit_test(fnv1a64_matches_the_published_test_vectors),
   };

@@ -99,8 +99,10 @@ double ff_mem_stage_buffer_bytes(const ff_model *m, ff_shard sh, double b, ff_pr
   double n = b * (double)m->seq_len, h = (double)m->hidden, d = (double)(m->hidden / m->heads);
   bool bf16 = prec == FF_PRECISION_BF16 && has_layers, full = rc == FF_RECOMPUTE_FULL && has_layers;
   double floats = 0.0, halves = 0.0;
-  if (bf16 || full) /* the work set and its output; statistics of its own under fp32 full */
-    floats += n * (layer_values(m, sh) + h + (full && !bf16 ? layer_stats(sh) : 0.0));
+  if (bf16) /* the work set and its output */
+    floats += n * (layer_values(m, sh) + h);
+  else if (full) /* the same with statistics of its own and no x_in (each layer keeps its input) */
+    floats += n * (layer_values(m, sh) + layer_stats(sh));
   if (bf16 && full) { /* the set every layer but its x_in shares */
     halves += n * (layer_values(m, sh) - h);
     floats += n * layer_stats(sh);

@@ -163,10 +163,11 @@ static float *carve(float **at, int64_t n) {
   return p;
 }
 
-/* One layer's fp32 activations; the row statistics (rstd1, rstd2, lse) only with `stats`: a
- * work set under bf16 storage points them at the saved ones instead. */
-static void carve_layer(ff_layer_acts *a, float **at, dims d, bool stats) {
-  a->x_in = carve(at, d.N * d.C);
+/* One layer's fp32 activations; the row statistics (rstd1, rstd2, lse) only with `stats` (a
+ * work set under bf16 storage points them at the saved ones instead), x_in only with `x_in` (under
+ * fp32 full recompute each layer keeps its own). */
+static void carve_layer(ff_layer_acts *a, float **at, dims d, bool stats, bool x_in) {
+  a->x_in = x_in ? carve(at, d.N * d.C) : NULL;
   a->h1 = carve(at, d.N * d.C);
   a->rstd1 = stats ? carve(at, d.N) : NULL;
   a->q = carve(at, d.N * d.Hl * d.D);
@@ -262,7 +263,8 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   /* Saved per layer and micro-batch: every activation the backward reads, in fp32 or bf16 (row
    * statistics fp32); with full recompute only the layer's input, the rest recomputed from it in
    * the one work set. A work set (with its output) exists under bf16 storage or full recompute;
-   * it carves its own statistics only under fp32 full recompute (bf16 points them at saved). */
+   * it carves its own statistics only under fp32 full recompute (bf16 points them at saved),
+   * and no x_in then (each layer keeps its own). */
   bool work = bf16 || full, work_stats = full && !bf16;
   int64_t kept_floats = bf16   ? (full ? layer_saved_floats(d) : held * layer_saved_floats(d))
                         : full ? held * d.N * d.C
@@ -270,8 +272,11 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   int64_t kept_halves = !bf16 ? 0
                         : full ? held * d.N * d.C + layer_saved_halves(d) - d.N * d.C
                                : held * layer_saved_halves(d);
+  /* the work set and its output, less its x_in (fp32 full: each layer keeps its own) or its
+   * statistics (bf16: the saved ones) */
   int64_t work_floats =
-      work ? layer_acts_floats(d) - (work_stats ? 0 : layer_saved_floats(d)) + d.N * d.C : 0;
+      work ? layer_acts_floats(d) + d.N * d.C - (work_stats ? d.N * d.C : layer_saved_floats(d))
+           : 0;
   int64_t total = kept_floats + work_floats + slots * d.N * d.C * 2 + d.N * d.C + d.N * 4 +
                   (spec->lm_head ? d.N * d.Vl : 0) + scratch_a_floats(d) + d.N * d.C * 2;
   mr->acts_block = k->alloc((size_t)total * sizeof(float));
@@ -305,7 +310,7 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
       carve_saved(&mr->saved[i], &half, &at, d, true);
   }
   if (work) {
-    carve_layer(&mr->work, &at, d, work_stats);
+    carve_layer(&mr->work, &at, d, work_stats, !work_stats);
     mr->work_out = carve(&at, d.N * d.C);
   }
   if (!bf16)
@@ -314,7 +319,7 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
         mr->acts[i] = mr->work;
         mr->acts[i].x_in = carve(&at, d.N * d.C);
       } else {
-        carve_layer(&mr->acts[i], &at, d, true);
+        carve_layer(&mr->acts[i], &at, d, true, true);
       }
     }
   mr->x_final = carve(&at, slots * d.N * d.C);

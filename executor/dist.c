@@ -677,16 +677,15 @@ static ff_span chunk(int64_t total, int parts, int i) {
 }
 
 /* Send my chunk of a full activation (held by every rank of my stage) to every rank of the
- * neighbouring stage; the chunks of all my stage's ranks make up the whole tensor. */
+ * neighbouring stage; the chunks of all my stage's ranks make up the whole tensor. The requests
+ * are free (staging_free waited for them before the compute refilled buf). */
 static void send_to(dist *d, const ff_plan_stage *to, const float *buf, int64_t n, int tag,
                     ff_request **reqs) {
   double t0 = now();
   ff_span my = chunk(n, d->st->n_ranks, d->t);
-  for (int r = 0; r < to->n_ranks; r++) {
-    d->c->wait(reqs[r]);
+  for (int r = 0; r < to->n_ranks; r++)
     reqs[r] = d->c->isend(buf + my.first, (size_t)(my.end - my.first) * sizeof *buf,
                           (int)to->ranks[r].rank, tag);
-  }
   d->t_p2p += now() - t0;
 }
 
@@ -726,15 +725,35 @@ enum { FWD, BWD, NONE };
 
 static int slot_of(const dist *d, int64_t j) { return (int)(j % d->mr.n_slots); }
 
-/* Host path: wait until the staging buffer of micro-batch j's output (dir FWD) or input gradient
- * (BWD) has left, before the compute writes it again (it was sent n_slots micro-batches ago). */
-static void staging_free(dist *d, int dir, int64_t j) {
-  int n = dir == FWD ? d->n_next : d->n_prev;
-  ff_request **reqs = (dir == FWD ? d->req_fwd : d->req_bwd) + slot_of(d, j) * n;
-  for (int r = 0; r < n; r++) {
+/* Floats of the activation (or its gradient) that crosses a stage boundary: b·s·h. */
+static int64_t boundary_floats(const dist *d) {
+  return d->pl->micro_batch_size * d->plan->model.seq_len * d->plan->model.hidden;
+}
+
+/* Host path: the staging buffer of micro-batch j's output (dir FWD) or input gradient (BWD),
+ * and the requests of its transfers to the neighbouring stage's ranks. */
+static float *staging(const dist *d, int dir, int64_t j) {
+  int64_t NC = boundary_floats(d);
+  return (dir == FWD ? d->send_fwd : d->send_bwd) + (int64_t)slot_of(d, j) * NC;
+}
+
+static ff_request **staging_reqs(const dist *d, int dir, int64_t j) {
+  return dir == FWD ? d->req_fwd + slot_of(d, j) * d->n_next
+                    : d->req_bwd + slot_of(d, j) * d->n_prev;
+}
+
+/* Host path: the staging buffer of micro-batch j once its previous contents (sent n_slots
+ * micro-batches ago) have left, for the compute to write; NULL when nothing is sent that way. */
+static float *staging_free(dist *d, int dir, int64_t j) {
+  bool sends = dir == FWD ? !d->st->lm_head : !d->st->embedding;
+  if (d->p2p_device || !sends)
+    return NULL;
+  ff_request **reqs = staging_reqs(d, dir, j);
+  for (int r = 0; r < (dir == FWD ? d->n_next : d->n_prev); r++) {
     d->c->wait(reqs[r]);
     reqs[r] = NULL;
   }
+  return staging(d, dir, j);
 }
 
 /* Device path: one transfer per rank of the neighbouring stage. A sending rank sends its chunk
@@ -743,7 +762,7 @@ static void staging_free(dist *d, int dir, int64_t j) {
 static int device_ops(dist *d, ff_p2p *ops, int n, bool send, int dir, int64_t j) {
   /* forward: send to the next stage, receive from the previous; backward the other way */
   const ff_plan_stage *peer = &d->pl->stages[(dir == FWD) == send ? d->s + 1 : d->s - 1];
-  int64_t NC = d->pl->micro_batch_size * d->plan->model.seq_len * d->plan->model.hidden;
+  int64_t NC = boundary_floats(d);
   float *buf = dir == FWD ? (send ? ff_model_rank_output(&d->mr, slot_of(d, j))
                                   : ff_model_rank_input(&d->mr, slot_of(d, j)))
                           : ff_model_rank_gradient(&d->mr, slot_of(d, j));
@@ -763,7 +782,7 @@ static int device_ops(dist *d, ff_p2p *ops, int n, bool send, int dir, int64_t j
  * path the send is started and the receive blocks, into recv_buf. */
 static void exchange(dist *d, int send_dir, int64_t send_j, int recv_dir, int64_t recv_j) {
   double t0 = now();
-  int64_t NC = d->pl->micro_batch_size * d->plan->model.seq_len * d->plan->model.hidden;
+  int64_t NC = boundary_floats(d);
   if (d->p2p_device) {
     int n = 0;
     if (send_dir != NONE)
@@ -776,57 +795,49 @@ static void exchange(dist *d, int send_dir, int64_t send_j, int recv_dir, int64_
     return;
   }
   d->t_p2p += now() - t0;
-  if (send_dir == FWD)
-    send_to(d, &d->pl->stages[d->s + 1], d->send_fwd + (int64_t)slot_of(d, send_j) * NC, NC,
-            p2p_tag(send_j, FWD), d->req_fwd + slot_of(d, send_j) * d->n_next);
-  else if (send_dir == BWD)
-    send_to(d, &d->pl->stages[d->s - 1], d->send_bwd + (int64_t)slot_of(d, send_j) * NC, NC,
-            p2p_tag(send_j, BWD), d->req_bwd + slot_of(d, send_j) * d->n_prev);
+  if (send_dir != NONE)
+    send_to(d, &d->pl->stages[send_dir == FWD ? d->s + 1 : d->s - 1], staging(d, send_dir, send_j),
+            NC, p2p_tag(send_j, send_dir), staging_reqs(d, send_dir, send_j));
   if (recv_dir != NONE)
     recv_from(d, &d->pl->stages[recv_dir == FWD ? d->s - 1 : d->s + 1], d->recv_buf, NC,
               p2p_tag(recv_j, recv_dir));
 }
 
+/* After a forward or backward begun at t0 (with the step's TP and DP times then): let an
+ * asynchronous backend finish, and count the time less the communication as compute. */
+static void compute_done(dist *d, double t0, double tp0, double dp0) {
+  d->k->sync();
+  device_tp(d);
+  double spent = now() - t0 - (d->t_tp - tp0) - (d->t_dp - dp0);
+  ff_throttle(d->throttle, spent);
+  d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);
+}
+
 /* The forward of micro-batch j, whose input (not on the first stage) has arrived. */
 static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, double *loss) {
   const ff_plan *plan = d->plan;
-  int64_t b = d->pl->micro_batch_size, S = plan->model.seq_len, N = b * S, C = plan->model.hidden;
+  int64_t b = d->pl->micro_batch_size, S = plan->model.seq_len;
   int32_t *in = d->mr.inputs, *tg = d->mr.targets;
   if (d->st->embedding || d->st->lm_head)
     for (int64_t i = 0; i < b; i++)
       ff_data_sequence(&d->data, step, d->first_seq + j * b + i, plan->training.global_batch, S,
                        in + i * S, tg + i * S);
   const float *x_in = d->st->embedding || d->p2p_device ? NULL : d->recv_buf;
-  float *out = d->st->lm_head || d->p2p_device ? NULL
-                                               : d->send_fwd + (int64_t)slot_of(d, j) * N * C;
-  if (out)
-    staging_free(d, FWD, j);
+  float *out = staging_free(d, FWD, j);
   double t0 = now(), tp0 = d->t_tp, dp0 = d->t_dp;
   d->mr.last_micro_batch = j == d->pl->micro_batches - 1; /* the head's gradients are final */
   ff_model_rank_forward(&d->mr, slot_of(d, j), b, in, x_in, tg, grad_scale, out, loss);
-  d->k->sync(); /* an asynchronous backend has finished the work only now */
-  device_tp(d);
-  double spent = now() - t0 - (d->t_tp - tp0) - (d->t_dp - dp0);
-  ff_throttle(d->throttle, spent);
-  d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);
+  compute_done(d, t0, tp0, dp0);
 }
 
 /* The backward of micro-batch j, whose output's gradient (not on the last stage) has arrived. */
 static void run_backward(dist *d, int64_t j) {
-  int64_t b = d->pl->micro_batch_size, N = b * d->plan->model.seq_len, C = d->plan->model.hidden;
   const float *dx_in = d->st->lm_head || d->p2p_device ? NULL : d->recv_buf;
-  float *out = d->st->embedding || d->p2p_device ? NULL
-                                                 : d->send_bwd + (int64_t)slot_of(d, j) * N * C;
-  if (out)
-    staging_free(d, BWD, j);
+  float *out = staging_free(d, BWD, j);
   double t0 = now(), tp0 = d->t_tp, dp0 = d->t_dp;
   d->mr.last_micro_batch = j == d->pl->micro_batches - 1; /* gradients final, layer by layer */
-  ff_model_rank_backward(&d->mr, slot_of(d, j), b, dx_in, out);
-  d->k->sync(); /* an asynchronous backend has finished the work only now */
-  device_tp(d);
-  double spent = now() - t0 - (d->t_tp - tp0) - (d->t_dp - dp0);
-  ff_throttle(d->throttle, spent);
-  d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);
+  ff_model_rank_backward(&d->mr, slot_of(d, j), d->pl->micro_batch_size, dx_in, out);
+  compute_done(d, t0, tp0, dp0);
 }
 
 /* The stage's operations in 1F1B (or GPipe) order, with its transfers paired as Megatron-LM
@@ -1101,7 +1112,7 @@ static ff_status setup(dist *d) {
   cJSON_Delete(mj);
   d->n_next = d->s + 1 < d->pl->n_stages ? d->pl->stages[d->s + 1].n_ranks : 0;
   d->n_prev = d->s > 0 ? d->pl->stages[d->s - 1].n_ranks : 0;
-  int64_t NC = d->pl->micro_batch_size * plan->model.seq_len * plan->model.hidden;
+  int64_t NC = boundary_floats(d);
   d->p2p_device = d->c->p2p_batch && d->c->device_buffers && !d->k->host_memory;
   if (d->p2p_device) {
     d->p2p_ops = calloc((size_t)(2 * (d->n_next > d->n_prev ? d->n_next : d->n_prev) + 1),

@@ -136,9 +136,9 @@ say "llama-1b throughput"
 $ffplan plan --cluster tests/device/h200-1.json --model tests/device/llama-1b.json \
   --training tests/device/bench-training.json -o "$out/llama-1b.json" >"$out/llama-1b-plan.txt" 2>&1
 for attention in fused gemm; do
-timeout 300 env FF_ATTENTION=$attention $ffrun "$out/llama-1b.json" --text LICENSE --steps 6 \
-  --backend cuda --metrics "$out/llama-1b-$attention.jsonl" >"$out/llama-1b-$attention.log" 2>&1
-detail=$(python3 - "$out/llama-1b-$attention.jsonl" tests/device/llama-1b.json "$out/llama-1b.json" <<'PY'
+  timeout 300 env FF_ATTENTION=$attention $ffrun "$out/llama-1b.json" --text LICENSE --steps 6 \
+    --backend cuda --metrics "$out/llama-1b-$attention.jsonl" >"$out/llama-1b-$attention.log" 2>&1
+  detail=$(python3 - "$out/llama-1b-$attention.jsonl" tests/device/llama-1b.json "$out/llama-1b.json" <<'PY'
 import json, os, statistics, sys
 if not os.path.exists(sys.argv[1]):
     print("no metrics: see the run's log"); sys.exit(1)
@@ -164,8 +164,8 @@ print("median of %d steps: %.3f s/step, %.0f tokens/s, MFU %.1f %% (989 TFLOP/s)
          100 * rows[-1]["memory_gib"] / (rows[-1]["predicted"]["memory_gib"] - reserve),
          rows[-1].get("device_used_gib", 0), rows[-1]["predicted"]["memory_gib"]))
 PY
-) && r=measured || r=FAIL
-row "4. llama-1b, 1 GPU, bf16 matmuls, attention $attention" $r "$detail"
+  ) && r=measured || r=FAIL
+  row "4. llama-1b, 1 GPU, bf16 matmuls, attention $attention" $r "$detail"
 done
 
 # ---- 5. profile the GPU, plan on the profile, calibrate on a run -------------------------------

@@ -953,89 +953,109 @@ static int write_all(int fd, const char *data, size_t len) {
   return 0;
 }
 
-ff_status ff_write_pieces_atomic(const char *file, ff_next_piece next, void *ctx, ff_diag *d) {
-  const char *data;
-  size_t len;
+struct ff_atomic_file {
+  char *file, *tmp;
+  int fd;
+  int err; /* the first errno; 0 while all is well */
+};
+
+ff_atomic_file *ff_atomic_open(const char *file, ff_diag *d) {
+  size_t n = strlen(file);
+  ff_atomic_file *f = calloc(1, sizeof *f);
+  char *name = malloc(n + 1), *tmp = malloc(n + 16);
+  if (!f || !name || !tmp) {
+    free(f), free(name), free(tmp);
+    ff_diag_error(d, NULL, "out of memory");
+    return NULL;
+  }
+  memcpy(name, file, n + 1);
+  memcpy(tmp, file, n);
+  memcpy(tmp + n, ".tmp.XXXXXX", 12);
+  int fd = mkstemp(tmp);
+  if (fd < 0) {
+    ff_diag_error(d, NULL, "cannot create a temporary file beside %s: %s", file, strerror(errno));
+    free(f), free(name), free(tmp);
+    return NULL;
+  }
+  *f = (ff_atomic_file){name, tmp, fd, 0};
+  return f;
+}
+
+void ff_atomic_write(ff_atomic_file *f, const void *data, size_t len) {
+  if (!f->err)
+    f->err = write_all(f->fd, data, len);
+}
+
+void ff_atomic_write_at(ff_atomic_file *f, const void *data, size_t len, int64_t offset) {
+  const char *p = data;
+  while (!f->err && len > 0) {
+    ssize_t w = pwrite(f->fd, p, len, (off_t)offset);
+    if (w < 0 && errno != EINTR)
+      f->err = errno;
+    else if (w > 0)
+      p += w, len -= (size_t)w, offset += w;
+  }
+}
+
+static void atomic_free(ff_atomic_file *f) {
+  free(f->file);
+  free(f->tmp);
+  free(f);
+}
+
+void ff_atomic_discard(ff_atomic_file *f) {
+  if (!f)
+    return;
+  close(f->fd);
+  unlink(f->tmp);
+  atomic_free(f);
+}
+
+ff_status ff_atomic_commit(ff_atomic_file *f, ff_diag *d) {
+  int err = f->err;
+  if (!err && fsync(f->fd) != 0)
+    err = errno;
+  if (close(f->fd) != 0 && !err)
+    err = errno;
+  if (!err) {
+    chmod(f->tmp, 0644); /* mkstemp creates 0600; outputs are ordinary readable files */
+    if (rename(f->tmp, f->file) != 0)
+      err = errno;
+  }
+  if (err) {
+    unlink(f->tmp);
+    ff_diag_error(d, NULL, "cannot write %s: %s (nothing was changed)", f->file, strerror(err));
+  }
+  atomic_free(f);
+  return err ? FF_ERR_RUNTIME : FF_OK;
+}
+
+ff_status ff_write_file_atomic(const char *file, const char *data, size_t len, ff_diag *d) {
   if (strcmp(file, "-") == 0) {
-    bool produced;
-    while ((produced = next(ctx, &data, &len, d)) && len > 0)
-      if (fwrite(data, 1, len, stdout) != len)
-        break;
-    if (!produced)
-      return FF_ERR_RUNTIME;
-    if (len > 0 || fflush(stdout) != 0) {
+    if (fwrite(data, 1, len, stdout) != len || fflush(stdout) != 0) {
       ff_diag_error(d, NULL, "cannot write to standard output: %s", strerror(errno));
       return FF_ERR_RUNTIME;
     }
     return FF_OK;
   }
-  size_t n = strlen(file);
-  char *tmp = malloc(n + 16);
-  if (!tmp) {
-    ff_diag_error(d, NULL, "out of memory");
+  ff_atomic_file *f = ff_atomic_open(file, d);
+  if (!f)
     return FF_ERR_RUNTIME;
-  }
-  memcpy(tmp, file, n);
-  memcpy(tmp + n, ".tmp.XXXXXX", 12);
-  int fd = mkstemp(tmp);
-  if (fd < 0) {
-    ff_diag_error(d, NULL, "cannot create a temporary file beside %s: %s", file,
-                  strerror(errno));
-    free(tmp);
-    return FF_ERR_RUNTIME;
-  }
-  int err = 0;
-  bool produced = true;
-  while (!err && (produced = next(ctx, &data, &len, d)) && len > 0)
-    err = write_all(fd, data, len);
-  if (!err && produced && fsync(fd) != 0)
-    err = errno;
-  if (close(fd) != 0 && !err)
-    err = errno;
-  if (!err && produced) {
-    chmod(tmp, 0644); /* mkstemp creates 0600; outputs are ordinary readable files */
-    if (rename(tmp, file) != 0)
-      err = errno;
-  }
-  if (err || !produced) {
-    unlink(tmp);
-    if (err)
-      ff_diag_error(d, NULL, "cannot write %s: %s (nothing was changed)", file, strerror(err));
-    free(tmp);
-    return FF_ERR_RUNTIME;
-  }
-  free(tmp);
-  return FF_OK;
+  ff_atomic_write(f, data, len);
+  return ff_atomic_commit(f, d);
 }
 
-typedef struct one_piece {
-  const char *data;
-  size_t len;
-  bool given;
-} one_piece;
-
-static bool next_of_one(void *ctx, const char **data, size_t *len, ff_diag *d) {
-  (void)d;
-  one_piece *p = ctx;
-  *data = p->data;
-  *len = p->given ? 0 : p->len;
-  p->given = true;
-  return true;
-}
-
-ff_status ff_write_file_atomic(const char *file, const char *data, size_t len, ff_diag *d) {
-  one_piece p = {data, len, len == 0};
-  return ff_write_pieces_atomic(file, next_of_one, &p, d);
-}
-
-uint64_t ff_fnv1a64(const void *data, size_t len) {
+uint64_t ff_fnv1a64_update(uint64_t h, const void *data, size_t len) {
   const unsigned char *p = data;
-  uint64_t h = 14695981039346656037ull;
   for (size_t i = 0; i < len; i++) {
     h ^= p[i];
     h *= 1099511628211ull;
   }
   return h;
+}
+
+uint64_t ff_fnv1a64(const void *data, size_t len) {
+  return ff_fnv1a64_update(FF_FNV1A64_INIT, data, len);
 }
 
 ff_status ff_write_json_atomic(const char *file, const cJSON *root, ff_diag *d) {

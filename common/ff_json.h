@@ -110,15 +110,24 @@ void ff_format_double(double x, char out[32]);
 void ff_json_write(const cJSON *root, ff_buf *b);
 /* Write data to file via a temporary in the same directory, fsync and rename. "-" is stdout. */
 ff_status ff_write_file_atomic(const char *file, const char *data, size_t len, ff_diag *d);
-/* The same for data handed out in pieces: next() gives the following piece (*len 0: no more) and
- * returns false when it cannot (having said why in d), which leaves the file untouched. */
-typedef bool (*ff_next_piece)(void *ctx, const char **data, size_t *len, ff_diag *d);
-ff_status ff_write_pieces_atomic(const char *file, ff_next_piece next, void *ctx, ff_diag *d);
+/* A file written a piece at a time, in place of `file` only once it is whole: a temporary beside
+ * it takes the bytes (appended, or rewritten at an offset already written), and commit fsyncs
+ * and renames it over `file`. The first error is kept and reported by commit, which then leaves
+ * `file` as it was; discard drops the temporary. Either frees the handle. */
+typedef struct ff_atomic_file ff_atomic_file;
+ff_atomic_file *ff_atomic_open(const char *file, ff_diag *d);
+void ff_atomic_write(ff_atomic_file *f, const void *data, size_t len);
+void ff_atomic_write_at(ff_atomic_file *f, const void *data, size_t len, int64_t offset);
+ff_status ff_atomic_commit(ff_atomic_file *f, ff_diag *d);
+void ff_atomic_discard(ff_atomic_file *f);
 /* Render `root` canonically (ff_json_write) and write it with ff_write_file_atomic; a document
  * that cannot be rendered (out of memory) is not written. */
 ff_status ff_write_json_atomic(const char *file, const cJSON *root, ff_diag *d);
 
-/* FNV-1a 64-bit hash, for input digests. */
+/* FNV-1a 64-bit hash, for input digests; _update goes on from h (FF_FNV1A64_INIT at the start)
+ * over more bytes, so a stream can be hashed a piece at a time. */
+#define FF_FNV1A64_INIT 14695981039346656037ull
 uint64_t ff_fnv1a64(const void *data, size_t len);
+uint64_t ff_fnv1a64_update(uint64_t h, const void *data, size_t len);
 
 #endif

@@ -5,10 +5,14 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "ff_json.h"
 
@@ -26,71 +30,9 @@ static void shape_json(cJSON *o, const ff_tensor *t) {
 }
 
 #define CHECK_BLOCK (1u << 20)
-#define STREAM_CHUNK ((size_t)64 << 20) /* bytes staged at a time: a multiple of CHECK_BLOCK */
+#define STREAM_CHUNK ((size_t)64 << 20) /* bytes a one-rank save copies out of the backend at once */
 
-/* The data section as a stream over the rank's blocks (parameters, the two moments and maybe
- * the gradients, one after the other), copied out a chunk at a time, so a save holds one chunk
- * beside the model instead of two copies of it. */
-typedef struct data_stream {
-  const ff_model_rank *mr;
-  size_t block_bytes, total, at;
-  unsigned char *chunk;
-  char *head; /* the 8-byte length and the padded header, handed out first */
-  size_t head_len;
-} data_stream;
-
-/* Bytes [from, from + n) of the data section into dst. */
-static void read_data(const data_stream *s, size_t from, unsigned char *dst, size_t n) {
-  while (n > 0) {
-    int which = (int)(from / s->block_bytes);
-    size_t off = from % s->block_bytes, take = s->block_bytes - off < n ? s->block_bytes - off : n;
-    s->mr->k->to_host(dst, (const unsigned char *)block_of(s->mr, which) + off, take);
-    dst += take;
-    from += take;
-    n -= take;
-  }
-}
-
-/* FNV-1a of every 1 MiB of the data section, as hex, comma-separated: a damaged file is refused
- * with the offset of the first block that does not match. */
-static char *block_checksums(const data_stream *s) {
-  size_t blocks = (s->total + CHECK_BLOCK - 1) / CHECK_BLOCK;
-  char *out = malloc(blocks * 17 + 1);
-  if (!out)
-    return NULL;
-  out[0] = '\0';
-  size_t j = 0, b = 0;
-  for (size_t from = 0; from < s->total; from += STREAM_CHUNK) {
-    size_t n = s->total - from < STREAM_CHUNK ? s->total - from : STREAM_CHUNK;
-    read_data(s, from, s->chunk, n);
-    for (size_t at = 0; at < n; at += CHECK_BLOCK, b++) {
-      size_t len = n - at < CHECK_BLOCK ? n - at : CHECK_BLOCK;
-      j += (size_t)snprintf(out + j, 18, "%s%016llx", b ? "," : "",
-                            (unsigned long long)ff_fnv1a64(s->chunk + at, len));
-    }
-  }
-  return out;
-}
-
-/* The header, then the data a chunk at a time. */
-static bool next_piece(void *ctx, const char **data, size_t *len, ff_diag *d) {
-  (void)d;
-  data_stream *s = ctx;
-  if (s->head) {
-    *data = s->head;
-    *len = s->head_len;
-    s->head = NULL; /* still owned by the caller */
-    return true;
-  }
-  size_t n = s->total - s->at < STREAM_CHUNK ? s->total - s->at : STREAM_CHUNK;
-  read_data(s, s->at, s->chunk, n);
-  s->at += n;
-  *data = (const char *)s->chunk;
-  *len = n;
-  return true;
-}
-
-static cJSON *header_json(const ff_model_rank *mr, const ff_ckpt_meta *meta, int blocks,
+static cJSON *header_json(const ff_model_rank *layout, const ff_ckpt_meta *meta, int blocks,
                           const char *checksums, size_t data_bytes) {
   cJSON *h = cJSON_CreateObject();
   cJSON *md = cJSON_AddObjectToObject(h, "__metadata__");
@@ -107,8 +49,8 @@ static cJSON *header_json(const ff_model_rank *mr, const ff_ckpt_meta *meta, int
   cJSON_AddStringToObject(md, "data_fnv1a64_per_mib", checksums);
   int64_t offset = 0;
   for (int which = 0; which < blocks; which++)
-    for (int i = 0; i < mr->n_tensors; i++) {
-      const ff_tensor *t = &mr->tensors[i];
+    for (int i = 0; i < layout->n_tensors; i++) {
+      const ff_tensor *t = &layout->tensors[i];
       char name[64];
       snprintf(name, sizeof name, "%s%s", moment_prefix[which], t->name);
       cJSON *o = cJSON_AddObjectToObject(h, name);
@@ -122,44 +64,161 @@ static cJSON *header_json(const ff_model_rank *mr, const ff_ckpt_meta *meta, int
   return h;
 }
 
+/* The file is written front to back once: the header with every checksum still zero (each is
+ * 16 hex digits, so the header's length does not change), then the data, hashed as it passes,
+ * then the header again over the first, with the checksums filled in. */
+struct ff_ckpt_writer {
+  ff_atomic_file *f;
+  const ff_model_rank *layout;
+  ff_ckpt_meta meta;
+  int blocks;
+  size_t total, at;  /* data bytes expected, and appended so far */
+  char *sums;        /* the checksums, comma-separated hex */
+  size_t sums_len;
+  uint64_t hash;     /* of the current MiB, `in_block` bytes into it */
+  size_t in_block;
+  size_t head_len;
+  char path[4096];
+};
+
+/* The 8-byte length and the padded header, as safetensors lays them out; NULL when out of
+ * memory. */
+static char *make_head(const ff_ckpt_writer *w, size_t *len) {
+  cJSON *h = header_json(w->layout, &w->meta, w->blocks, w->sums, w->total);
+  char *text = h ? cJSON_PrintUnformatted(h) : NULL;
+  cJSON_Delete(h);
+  size_t hlen = text ? strlen(text) : 0, padded = (hlen + 7) / 8 * 8;
+  char *head = text ? malloc(8 + padded) : NULL;
+  if (head) {
+    uint64_t n = padded;
+    for (int i = 0; i < 8; i++)
+      head[i] = (char)(unsigned char)(n >> (8 * i)); /* little-endian, as safetensors says */
+    memcpy(head + 8, text, hlen);
+    memset(head + 8 + hlen, ' ', padded - hlen);
+    *len = 8 + padded;
+  }
+  free(text);
+  return head;
+}
+
+static void end_block(ff_ckpt_writer *w) {
+  w->sums_len += (size_t)snprintf(w->sums + w->sums_len, 18, "%s%016llx", w->sums_len ? "," : "",
+                                  (unsigned long long)w->hash);
+  w->hash = FF_FNV1A64_INIT;
+  w->in_block = 0;
+}
+
+ff_ckpt_writer *ff_checkpoint_begin(const char *dir, const ff_model_rank *layout,
+                                    const ff_ckpt_meta *meta, bool gradients, ff_diag *d) {
+  ff_ckpt_writer *w = calloc(1, sizeof *w);
+  size_t total = 0;
+  for (int i = 0; i < layout->n_tensors; i++)
+    total += (size_t)(layout->tensors[i].rows * layout->tensors[i].cols) * 4;
+  int blocks = gradients ? 4 : 3;
+  total *= (size_t)blocks;
+  size_t n_sums = (total + CHECK_BLOCK - 1) / CHECK_BLOCK;
+  char *sums = malloc(n_sums * 17 + 1);
+  if (!w || !sums) {
+    free(w), free(sums);
+    ff_diag_error(d, NULL, "out of memory for a checkpoint");
+    return NULL;
+  }
+  size_t j = 0;
+  for (size_t i = 0; i < n_sums; i++) {
+    if (i)
+      sums[j++] = ',';
+    memset(sums + j, '0', 16);
+    j += 16;
+  }
+  sums[j] = '\0';
+  *w = (ff_ckpt_writer){NULL, layout, *meta, blocks, total, 0, sums, 0, FF_FNV1A64_INIT, 0, 0, ""};
+  snprintf(w->path, sizeof w->path, "%s/step-%08" PRId64 ".safetensors", dir, meta->step);
+  char *head = make_head(w, &w->head_len);
+  w->f = head ? ff_atomic_open(w->path, d) : NULL;
+  if (!head)
+    ff_diag_error(d, NULL, "out of memory for a checkpoint");
+  if (w->f)
+    ff_atomic_write(w->f, head, w->head_len);
+  free(head);
+  if (!w->f) {
+    free(sums);
+    free(w);
+    return NULL;
+  }
+  return w;
+}
+
+void ff_checkpoint_append(ff_ckpt_writer *w, const void *data, size_t bytes) {
+  const unsigned char *p = data;
+  if (bytes > w->total - w->at) { /* more than the header promises: refused at the end */
+    w->at = w->total + 1;
+    return;
+  }
+  ff_atomic_write(w->f, p, bytes);
+  w->at += bytes;
+  while (bytes > 0) {
+    size_t take = CHECK_BLOCK - w->in_block < bytes ? CHECK_BLOCK - w->in_block : bytes;
+    w->hash = ff_fnv1a64_update(w->hash, p, take);
+    w->in_block += take;
+    p += take;
+    bytes -= take;
+    if (w->in_block == CHECK_BLOCK)
+      end_block(w);
+  }
+}
+
+ff_status ff_checkpoint_end(ff_ckpt_writer *w, bool keep, ff_diag *d, char *path_out, size_t cap) {
+  if (!w)
+    return FF_ERR_RUNTIME;
+  ff_status st = FF_ERR_RUNTIME;
+  if (keep && w->at != w->total) {
+    ff_diag_error(d, NULL, "%s: %s bytes of tensors were handed over than the header promises "
+                  "(%zu)", w->path, w->at < w->total ? "fewer" : "more", w->total);
+  } else if (keep) {
+    if (w->in_block > 0)
+      end_block(w);
+    size_t len = 0;
+    char *head = make_head(w, &len);
+    if (head && len == w->head_len) {
+      ff_atomic_write_at(w->f, head, len, 0);
+      st = ff_atomic_commit(w->f, d);
+      w->f = NULL;
+      if (st == FF_OK)
+        snprintf(path_out, cap, "%s", w->path);
+    } else {
+      ff_diag_error(d, NULL, head ? "%s: the header changed length once its checksums were known"
+                                  : "%s: out of memory for a checkpoint's header", w->path);
+    }
+    free(head);
+  }
+  ff_atomic_discard(w->f);
+  free(w->sums);
+  free(w);
+  return st;
+}
+
 ff_status ff_checkpoint_save(const char *dir, const ff_model_rank *mr, const ff_ckpt_meta *meta,
                              bool gradients, ff_diag *d, char *path_out, size_t cap) {
-  int blocks = gradients ? 4 : 3;
   for (int i = 0; i < mr->n_tensors; i++)
     if (mr->tensors[i].numel != mr->tensors[i].rows * mr->tensors[i].cols) {
       ff_diag_error(d, NULL, "tensor %s is sharded on this rank; a sharded save needs the "
                     "distributed executor", mr->tensors[i].name);
       return FF_ERR_INPUT;
     }
-  size_t block_bytes = (size_t)mr->n_params * 4, data_bytes = block_bytes * (size_t)blocks;
-  data_stream s = {mr, block_bytes, data_bytes, 0, NULL, NULL, 0};
-  s.chunk = malloc(data_bytes < STREAM_CHUNK ? (data_bytes ? data_bytes : 1) : STREAM_CHUNK);
-  char *sums = s.chunk ? block_checksums(&s) : NULL;
-  cJSON *h = sums ? header_json(mr, meta, blocks, sums, data_bytes) : NULL;
-  char *text = h ? cJSON_PrintUnformatted(h) : NULL;
-  cJSON_Delete(h);
-  free(sums);
-  size_t hlen = text ? strlen(text) : 0, padded = (hlen + 7) / 8 * 8;
-  char *head = text ? malloc(8 + padded) : NULL;
-  if (!head) {
-    free(text);
-    free(s.chunk);
+  size_t block_bytes = (size_t)mr->n_params * 4;
+  unsigned char *chunk = malloc(block_bytes < STREAM_CHUNK ? (block_bytes ? block_bytes : 1)
+                                                           : STREAM_CHUNK);
+  ff_ckpt_writer *w = chunk ? ff_checkpoint_begin(dir, mr, meta, gradients, d) : NULL;
+  if (!chunk)
     ff_diag_error(d, NULL, "out of memory for a checkpoint");
-    return FF_ERR_RUNTIME;
-  }
-  uint64_t len = padded;
-  for (int i = 0; i < 8; i++)
-    head[i] = (char)(unsigned char)(len >> (8 * i)); /* little-endian, as safetensors specifies */
-  memcpy(head + 8, text, hlen);
-  memset(head + 8 + hlen, ' ', padded - hlen);
-  free(text);
-  s.head = head;
-  s.head_len = 8 + padded;
-  snprintf(path_out, cap, "%s/step-%08" PRId64 ".safetensors", dir, meta->step);
-  ff_status st = ff_write_pieces_atomic(path_out, next_piece, &s, d);
-  free(head);
-  free(s.chunk);
-  return st;
+  for (int which = 0; w && which < (gradients ? 4 : 3); which++)
+    for (size_t at = 0; at < block_bytes; at += STREAM_CHUNK) {
+      size_t n = block_bytes - at < STREAM_CHUNK ? block_bytes - at : STREAM_CHUNK;
+      mr->k->to_host(chunk, (const unsigned char *)block_of(mr, which) + at, n);
+      ff_checkpoint_append(w, chunk, n);
+    }
+  free(chunk);
+  return w ? ff_checkpoint_end(w, true, d, path_out, cap) : FF_ERR_RUNTIME;
 }
 
 static int cmp_desc(const void *a, const void *b) {
@@ -274,13 +333,42 @@ static ff_status load_tensors(const cJSON *h, const unsigned char *data, size_t 
   return FF_OK;
 }
 
+/* The file's bytes, mapped read-only (*buf NULL for an empty file). */
+static ff_status map_file(const char *file, ff_diag *d, char **buf, size_t *len) {
+  *buf = NULL;
+  *len = 0;
+  int fd = open(file, O_RDONLY);
+  struct stat sb;
+  if (fd < 0 || fstat(fd, &sb) != 0) {
+    ff_diag_error(d, NULL, "cannot open: %s", strerror(errno));
+    if (fd >= 0)
+      close(fd);
+    return FF_ERR_INPUT;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    ff_diag_error(d, NULL, "not a regular file, expected a safetensors checkpoint");
+    close(fd);
+    return FF_ERR_INPUT;
+  }
+  *len = (size_t)sb.st_size;
+  void *p = *len ? mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+  close(fd);
+  if (p == MAP_FAILED) {
+    ff_diag_error(d, NULL, "cannot map %zu bytes: %s", *len, strerror(errno));
+    *len = 0;
+    return FF_ERR_RUNTIME;
+  }
+  *buf = p;
+  return FF_OK;
+}
+
 ff_status ff_checkpoint_load(const char *file, ff_model_rank *mr, const char *model_digest,
                              ff_ckpt_meta *meta, ff_diag *d) {
   char *buf;
   size_t len;
   const char *saved = d->file;
   d->file = file;
-  ff_status st = ff_read_file_any(file, d, &buf, &len);
+  ff_status st = map_file(file, d, &buf, &len);
   cJSON *h = NULL;
   if (st == FF_OK && len < 8) {
     ff_diag_error(d, NULL, "%zu bytes is too short for a safetensors file", len);
@@ -318,7 +406,8 @@ ff_status ff_checkpoint_load(const char *file, ff_model_rank *mr, const char *mo
     st = load_tensors(h, (const unsigned char *)buf + 8 + hlen, len - 8 - (size_t)hlen, mr, d);
   }
   cJSON_Delete(h);
-  free(buf);
+  if (buf)
+    munmap(buf, len);
   d->file = saved;
   return st;
 }

@@ -26,12 +26,26 @@ typedef struct ff_ckpt_meta {
  * too, as "grad.NAME" (for checking the model against a reference implementation). */
 ff_status ff_checkpoint_save(const char *dir, const ff_model_rank *mr, const ff_ckpt_meta *meta,
                              bool gradients, ff_diag *d, char *path_out, size_t cap);
+/* A checkpoint of the logical tensors `layout` lists (ff_model_rank_init_layout of the whole
+ * model; it must outlive the writer), handed over in file order a piece at a time: parameters,
+ * adam_m, adam_v (and with `gradients` the gradients), each block every tensor whole in table
+ * order. Nothing holds more than the piece handed over, and nothing replaces
+ * DIR/step-NNNNNNNN.safetensors until ff_checkpoint_end has every byte. begin returns NULL,
+ * having said why in d, when no file can be started. */
+typedef struct ff_ckpt_writer ff_ckpt_writer;
+ff_ckpt_writer *ff_checkpoint_begin(const char *dir, const ff_model_rank *layout,
+                                    const ff_ckpt_meta *meta, bool gradients, ff_diag *d);
+void ff_checkpoint_append(ff_ckpt_writer *w, const void *data, size_t bytes);
+/* With `keep`, finish the file (an error when it did not get exactly the bytes its header
+ * promises) and copy its path to path_out; without, drop it. Frees w (NULL: FF_ERR_RUNTIME). */
+ff_status ff_checkpoint_end(ff_ckpt_writer *w, bool keep, ff_diag *d, char *path_out, size_t cap);
 /* Steps of the checkpoints in dir, newest first (at most max); 0 when none. */
 int ff_checkpoint_list(const char *dir, long long *steps, int max);
 /* The newest checkpoint in dir (by step); FF_ERR_INPUT when there is none. */
 ff_status ff_checkpoint_latest(const char *dir, char *path, size_t cap);
 /* Load this rank's slices of parameters and moments; meta receives the file's metadata. A
- * checkpoint of another model (digest) or with a missing or misshapen tensor is refused. */
+ * checkpoint of another model (digest) or with a missing or misshapen tensor is refused. The
+ * file is mapped, not read into memory, so ranks on one host share its pages. */
 ff_status ff_checkpoint_load(const char *file, ff_model_rank *mr, const char *model_digest,
                              ff_ckpt_meta *meta, ff_diag *d);
 

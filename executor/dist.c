@@ -934,55 +934,80 @@ static double train_step(dist *d, int64_t step, double *norm_out, double *lr_out
 
 /* ---- checkpoints: gather the logical tensors on rank 0 ---------------------------------- */
 
-/* Every segment's owner (its holder in pipeline 0) sends parameters and moments to rank 0,
- * which assembles the whole model and writes it like a one-rank run. */
-static ff_status save(dist *d, int64_t step, float *buf) {
-  ff_model_rank full;
+/* Every segment's owner (its holder in pipeline 0) sends parameters and moments to rank 0, one
+ * logical tensor after another in the checkpoint's order; rank 0 assembles each tensor in
+ * `whole` (the largest tensor's size) and appends it to the file, so no rank ever holds more of
+ * the model than its own shard and one tensor. Segments of a tensor go in the order of d->segs,
+ * which every rank walks the same way: sends and receives pair up without deadlock. A rank 0
+ * that cannot write goes on receiving, so the others are not left waiting. */
+static ff_status save(dist *d, int64_t step, float *buf, float *whole) {
+  ff_model_rank layout; /* the logical tensors in checkpoint order */
   ff_shard_spec spec = {0, d->plan->model.layers, true, true, {0, d->plan->model.heads},
                         {0, d->plan->model.kv_heads}, {0, d->plan->model.ffn_hidden},
                         {0, d->plan->model.vocab}};
-  bool root = d->rank == 0;
-  /* rank 0 assembles the logical tensors in host memory, whatever backend trains */
-  if (root && ff_model_rank_init_tensors(&full, &d->plan->model, ff_kernels_cpu(1), &spec) != FF_OK)
-    d->c->abort(1);
-  float *blocks[3] = {d->mr.params, d->mr.m, d->mr.v};
-  for (int w = 0; w < 3; w++) {
-    float *mine = host_block_get(d, blocks[w]);
-    for (int i = 0; i < d->n_segs; i++) {
-      seg *sg = &d->segs[i];
-      int tag = checkpoint_tag(i, w);
-      int64_t n = 0;
-      if (sg->owner == d->rank) {
-        n = seg_pack(d, sg, mine, buf, true);
-        if (!root)
-          d->c->wait(d->c->isend(buf, (size_t)n * sizeof *buf, 0, tag));
-      }
-      if (!root)
-        continue;
-      const ff_tensor *t = ff_model_rank_find(&full, d->tds[sg->desc].name);
-      float *theirs[3] = {full.params, full.m, full.v};
-      int64_t len = (sg->b - sg->a) * (sg->cols ? t->rows : t->cols);
-      if (sg->owner != 0)
-        d->c->recv(buf, (size_t)len * sizeof *buf, sg->owner, tag);
-      pack(t, sg, theirs[w], buf, false);
+  if (ff_model_rank_init_layout(&layout, &d->plan->model, &spec) != FF_OK)
+    d->c->abort(FF_ERR_RUNTIME);
+  int *desc_of = malloc((size_t)layout.n_tensors * sizeof *desc_of);
+  if (!desc_of)
+    d->c->abort(FF_ERR_RUNTIME);
+  for (int i = 0; i < layout.n_tensors; i++) {
+    desc_of[i] = -1;
+    for (int j = 0; j < d->n_tds && desc_of[i] < 0; j++)
+      if (strcmp(d->tds[j].name, layout.tensors[i].name) == 0)
+        desc_of[i] = j;
+    if (desc_of[i] < 0) {
+      fprintf(stderr, "ffrun: internal error: %s has no segments\n", layout.tensors[i].name);
+      d->c->abort(FF_ERR_RUNTIME);
     }
   }
-  ff_status st = FF_OK;
+  bool root = d->rank == 0;
+  ff_ckpt_meta meta = {step, (uint64_t)d->plan->training.seed, "", ""};
+  snprintf(meta.model_name, sizeof meta.model_name, "%s", d->plan->model.name);
+  snprintf(meta.model_digest, sizeof meta.model_digest, "%s", d->model_digest);
+  ff_diag dg;
+  ff_diag_init(&dg, d->o->checkpoint_dir);
+  ff_ckpt_writer *w = NULL;
   if (root) {
-    ff_ckpt_meta meta = {step, (uint64_t)d->plan->training.seed, "", ""};
-    snprintf(meta.model_name, sizeof meta.model_name, "%s", d->plan->model.name);
-    snprintf(meta.model_digest, sizeof meta.model_digest, "%s", d->model_digest);
-    char path[4096];
-    ff_diag dg;
-    ff_diag_init(&dg, d->o->checkpoint_dir);
     mkdir(d->o->checkpoint_dir, 0755);
-    st = ff_checkpoint_save(d->o->checkpoint_dir, &full, &meta, false, &dg, path, sizeof path);
+    w = ff_checkpoint_begin(d->o->checkpoint_dir, &layout, &meta, false, &dg);
+  }
+  float *blocks[3] = {d->mr.params, d->mr.m, d->mr.v};
+  for (int b = 0; b < 3; b++) {
+    float *mine = host_block_get(d, blocks[b]);
+    for (int i = 0; i < layout.n_tensors; i++) {
+      ff_tensor t = layout.tensors[i]; /* whole, at the start of `whole` */
+      t.offset = 0;
+      for (int k = 0; k < d->n_segs; k++) {
+        seg *sg = &d->segs[k];
+        if (sg->desc != desc_of[i])
+          continue;
+        int tag = checkpoint_tag(k, b);
+        if (sg->owner == d->rank) {
+          int64_t n = seg_pack(d, sg, mine, buf, true);
+          if (!root)
+            d->c->wait(d->c->isend(buf, (size_t)n * sizeof *buf, 0, tag));
+        }
+        if (!root)
+          continue;
+        if (sg->owner != 0)
+          d->c->recv(buf, (size_t)(sg->b - sg->a) * (size_t)(sg->cols ? t.rows : t.cols) *
+                              sizeof *buf, sg->owner, tag);
+        pack(&t, sg, whole, buf, false);
+      }
+      if (w)
+        ff_checkpoint_append(w, whole, (size_t)(t.rows * t.cols) * sizeof *whole);
+    }
+  }
+  char path[4096];
+  ff_status st = root ? ff_checkpoint_end(w, true, &dg, path, sizeof path) : FF_OK;
+  if (root) {
     ff_diag_print(&dg, stderr);
-    ff_diag_free(&dg);
     if (st == FF_OK && !d->o->quiet)
       fprintf(stderr, "checkpoint: %s\n", path);
-    ff_model_rank_free(&full);
   }
+  ff_diag_free(&dg);
+  free(desc_of);
+  ff_model_rank_free(&layout);
   int ok = st == FF_OK;
   d->c->bcast(d->world, &ok, sizeof ok, 0);
   return ok ? FF_OK : FF_ERR_RUNTIME;
@@ -1266,25 +1291,30 @@ ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const f
   ff_diag_free(&dg);
   if (st == FF_OK)
     st = setup(&d);
-  /* the largest logical tensor: what rank 0 may receive of one segment for a checkpoint */
+  /* checkpoints: the largest logical tensor bounds a segment sent (buf) and, on rank 0, the
+   * tensor assembled (whole) */
   const ff_model *m = &plan->model;
   int64_t D = m->hidden / m->heads, widest = m->vocab * m->hidden;
   int64_t sizes[] = {m->heads * D * m->hidden, m->ffn_hidden * m->hidden, m->hidden};
   for (int i = 0; i < 3; i++)
     widest = sizes[i] > widest ? sizes[i] : widest;
-  float *buf = st == FF_OK ? malloc((size_t)widest * sizeof *buf) : NULL;
-  if (st == FF_OK && !buf)
-    st = FF_ERR_RUNTIME;
+  float *buf = NULL, *whole = NULL;
+  if (st == FF_OK && o->checkpoint_dir) {
+    buf = malloc((size_t)widest * sizeof *buf);
+    whole = d.rank == 0 ? malloc((size_t)widest * sizeof *whole) : NULL;
+    if (!buf || (d.rank == 0 && !whole))
+      st = FF_ERR_RUNTIME;
+  }
   int64_t done = 0;
+  ff_signals_install(); /* before the first save: a write past a file-size limit is an error */
   if (st == FF_OK && o->resume && o->checkpoint_dir)
     st = resume(&d, &done);
   if (st == FF_OK && o->checkpoint_dir && done == 0)
-    st = save(&d, 0, buf);
+    st = save(&d, 0, buf, whole);
   if (st == FF_OK && d.rank == 0 && o->metrics_file &&
       !(d.metrics = fopen(o->metrics_file, done ? "a" : "w")))
     d.c->abort(FF_ERR_INPUT);
   int64_t stop = o->steps > 0 ? o->steps : plan->training.steps;
-  ff_signals_install();
   for (int64_t step = done + 1; st == FF_OK && step <= stop; step++) {
     double norm, lr, start = now();
     int bad = 0;
@@ -1304,7 +1334,7 @@ ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const f
     d.c->allreduce_max(d.world, &sig, 1);
     bool last = step == stop || sig > 0;
     if (o->checkpoint_dir && (last || (o->checkpoint_every > 0 && step % o->checkpoint_every == 0))) {
-      ff_status saved = save(&d, step, buf);
+      ff_status saved = save(&d, step, buf, whole);
       if (saved != FF_OK && o->continue_on_save_error) {
         if (d.rank == 0)
           fprintf(stderr, "ffrun: continuing without this checkpoint (--on-save-error continue)\n");
@@ -1322,6 +1352,7 @@ ff_status ff_train_distributed(const ff_plan *plan, const ff_kernels *k, const f
     }
   }
   free(buf);
+  free(whole);
   teardown(&d);
   return st;
 }

@@ -336,28 +336,13 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   return FF_OK;
 }
 
-ff_status ff_model_rank_init_tensors(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
-                                     const ff_shard_spec *spec) {
-  if (init_table(mr, model, k, spec) != FF_OK)
-    return FF_ERR_RUNTIME;
-  mr->tensors_only = true;
-  size_t pbytes = (size_t)mr->n_params * sizeof(float);
-  mr->params = k->alloc_host(pbytes);
-  mr->m = k->alloc_host(pbytes);
-  mr->v = k->alloc_host(pbytes);
-  if (!mr->params || !mr->m || !mr->v) {
-    ff_model_rank_free(mr);
-    return FF_ERR_RUNTIME;
-  }
-  return FF_OK;
+ff_status ff_model_rank_init_layout(ff_model_rank *mr, const ff_model *model,
+                                    const ff_shard_spec *spec) {
+  return init_table(mr, model, NULL, spec);
 }
 
 void ff_model_rank_free(ff_model_rank *mr) {
-  if (mr->k && mr->tensors_only) {
-    mr->k->release_host(mr->params);
-    mr->k->release_host(mr->m);
-    mr->k->release_host(mr->v);
-  } else if (mr->k) {
+  if (mr->k) {
     mr->k->release(mr->params);
     mr->k->release(mr->grads);
     mr->k->release(mr->m);

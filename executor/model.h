@@ -74,7 +74,6 @@ typedef struct ff_model_rank {
   int n_slots;
   bool bf16_activations;
   bool recompute_full;
-  bool tensors_only;        /* ff_model_rank_init_tensors: params, m and v in host memory */
   ff_layer_acts *acts;      /* [slot * n_layers + layer]; bf16: NULL */
   ff_layer_saved *saved;    /* [slot * n_layers + layer]; fp32: NULL */
   ff_layer_acts work;       /* bf16 or full recompute: the layer being computed */
@@ -105,10 +104,10 @@ typedef struct ff_model_rank {
 ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
                              const ff_shard_spec *spec, int64_t micro_batch, int n_slots,
                              bool bf16_activations, ff_recompute recompute);
-/* The tensor table with parameters and moments only, in the backend's host memory (alloc_host):
- * what rank 0 assembles a checkpoint of the logical model in. No gradients, no activations. */
-ff_status ff_model_rank_init_tensors(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
-                                     const ff_shard_spec *spec);
+/* The tensor table alone (no kernels, nothing allocated): the logical tensors of a shard in
+ * table order, which is a checkpoint's order when the shard is the whole model. */
+ff_status ff_model_rank_init_layout(ff_model_rank *mr, const ff_model *model,
+                                    const ff_shard_spec *spec);
 void ff_model_rank_free(ff_model_rank *mr);
 /* Initial weights from (seed, tensor name, element index in the logical tensor) alone. */
 void ff_model_rank_init_weights(ff_model_rank *mr, uint64_t seed);

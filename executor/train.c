@@ -279,6 +279,7 @@ ff_status ff_train_one_rank(const ff_plan *plan, const ff_kernels *k, const ff_t
   ff_diag_print(&d, stderr);
   ff_diag_free(&d);
   int64_t done = 0;
+  ff_signals_install(); /* before the first save: a write past a file-size limit is an error */
   if (st == FF_OK)
     st = setup(&r);
   if (st == FF_OK && o->resume && o->checkpoint_dir)
@@ -289,7 +290,6 @@ ff_status ff_train_one_rank(const ff_plan *plan, const ff_kernels *k, const ff_t
     fprintf(stderr, "%s: cannot open for writing metrics\n", o->metrics_file);
     st = FF_ERR_INPUT;
   }
-  ff_signals_install();
   for (int64_t step = done + 1; st == FF_OK && step <= r.stop_at; step++) {
     double norm, lr, compute_s, start = now();
     const char *bad = NULL;

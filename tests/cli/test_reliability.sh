@@ -3,7 +3,8 @@
 #  * SIGTERM or SIGINT stops a run at the next step boundary with a final checkpoint and exit
 #    status 128 + signal; under mpirun, a signal to any one rank stops every rank that way;
 #  * a checkpoint that cannot be written (a file-size limit standing in for a full disk) fails
-#    that save with a clear error and leaves the previous checkpoints intact; --on-save-error
+#    that save with a clear error and leaves the previous checkpoints intact, on one rank and
+#    under mpirun (where rank 0 writes what the others send); --on-save-error
 #    continue goes on;
 #  * a non-finite gradient is reported on its step with rank, stage and tensor; --on-nan stop
 #    stops, --on-nan skip skips the step;
@@ -79,6 +80,21 @@ diff -r "$tmp/disk" "$tmp/disk-before" >/dev/null || fail "a failed save changed
 checks=$((checks + 1))
 train_verbose --steps 3 --checkpoint-dir "$tmp/disk" --resume >"$tmp/log" 2>&1 && grep -q "resumed from .*step-00000002" "$tmp/log" ||
   fail "the checkpoints before the failed saves do not load"
+
+# Under mpirun rank 0 writes what the others send it: when it cannot, it still takes every piece
+# (nobody is left waiting), and the job ends with the error and no file, temporary or not. The
+# limit is rank 0's alone, and the ranks talk over TCP: Open MPI's shared-memory files would
+# outgrow it.
+checks=$((checks + 3))
+OMPI_MCA_btl=self,tcp timeout 120 mpirun -np 4 \
+  sh -c '[ "$OMPI_COMM_WORLD_RANK" != 0 ] || ulimit -f 100; exec "$@"' sh \
+  "$ffrun" tests/plans/tp4-gqa.json --text LICENSE --quiet --steps 2 \
+  --checkpoint-dir "$tmp/mpidisk" >"$tmp/log" 2>&1
+status=$?
+[ $status != 0 ] && [ $status != 124 ] || fail "mpirun: a failed save did not end the job (status $status)"
+grep -q "cannot write .*step-00000000.safetensors: File too large (nothing was changed)" "$tmp/log" ||
+  fail "mpirun: a failed save is not explained"
+[ -z "$(ls -A "$tmp/mpidisk")" ] || fail "mpirun: a failed save left files: $(ls "$tmp/mpidisk")"
 
 # A checkpoint directory that is missing is created; one that cannot be is refused up front.
 checks=$((checks + 3))

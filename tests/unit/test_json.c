@@ -966,25 +966,6 @@ static void atomic_write_writes_the_content_and_leaves_no_temporary_file(void **
   free(dir);
 }
 
-/* A producer of "ab", "cd", then nothing (an empty piece ends the file); with `fail_at` it fails
- * instead of handing out that piece. */
-typedef struct pieces_ctx {
-  int next, fail_at;
-} pieces_ctx;
-
-static bool two_pieces(void *ctx, const char **data, size_t *len, ff_diag *d) {
-  pieces_ctx *p = ctx;
-  static const char *const text[] = {"ab", "cd"};
-  if (p->next == p->fail_at) {
-    ff_diag_error(d, NULL, "the producer failed at piece %d", p->next);
-    return false;
-  }
-  *data = p->next < 2 ? text[p->next] : "";
-  *len = p->next < 2 ? 2 : 0;
-  p->next++;
-  return true;
-}
-
 /* The file holds exactly `want`. */
 static void holds(const char *file, const char *want) {
   size_t len;
@@ -994,20 +975,29 @@ static void holds(const char *file, const char *want) {
   free(back);
 }
 
-static void atomic_write_of_pieces_writes_them_in_order_or_leaves_the_file(void **state) {
+static void atomic_file_takes_pieces_and_rewrites_or_leaves_the_file(void **state) {
   (void)state;
   char *dir = make_temp_dir(), file[1024];
   snprintf(file, sizeof file, "%s/out.bin", dir);
   ff_diag d;
   ff_diag_init(&d, file);
-  pieces_ctx ok = {0, -1}, bad = {0, 1};
-  assert_int_equal(ff_write_pieces_atomic(file, two_pieces, &ok, &d), FF_OK);
-  holds(file, "abcd");
-  /* a producer that fails after its first piece: an error, the old file, no temporary left */
-  assert_int_equal(ff_write_pieces_atomic(file, two_pieces, &bad, &d), FF_ERR_RUNTIME);
-  assert_contains(ff_diag_text(&d), "the producer failed at piece 1");
-  holds(file, "abcd");
+  ff_atomic_file *f = ff_atomic_open(file, &d);
+  assert_non_null(f);
+  ff_atomic_write(f, "??", 2); /* a header to be filled in once the rest is known */
+  ff_atomic_write(f, "cd", 2);
+  ff_atomic_write(f, "ef", 2);
+  ff_atomic_write_at(f, "ab", 2, 0);
+  assert_int_equal(count_entries(dir), 1); /* only the temporary so far */
+  assert_int_equal(ff_atomic_commit(f, &d), FF_OK);
+  holds(file, "abcdef");
+  /* a writer given up half way: the old file, no temporary left */
+  f = ff_atomic_open(file, &d);
+  assert_non_null(f);
+  ff_atomic_write(f, "xy", 2);
+  ff_atomic_discard(f);
+  holds(file, "abcdef");
   assert_int_equal(count_entries(dir), 1);
+  assert_int_equal(d.errors, 0);
   ff_diag_free(&d);
   remove_tree(dir);
   free(dir);
@@ -1185,7 +1175,7 @@ int main(void) {
       cmocka_unit_test(atomic_write_fails_cleanly_where_it_cannot_create_files),
       cmocka_unit_test(atomic_write_over_a_directory_fails_and_removes_its_temporary_file),
       cmocka_unit_test(atomic_write_of_dash_writes_standard_output),
-      cmocka_unit_test(atomic_write_of_pieces_writes_them_in_order_or_leaves_the_file),
+      cmocka_unit_test(atomic_file_takes_pieces_and_rewrites_or_leaves_the_file),
       cmocka_unit_test(files_over_64_mib_are_rejected_by_the_loader),
       cmocka_unit_test(fnv1a64_matches_the_published_test_vectors),
   };

@@ -30,7 +30,7 @@ static void shape_json(cJSON *o, const ff_tensor *t) {
 }
 
 #define CHECK_BLOCK (1u << 20)
-#define STREAM_CHUNK ((size_t)64 << 20) /* bytes a one-rank save copies out of the backend at once */
+#define STREAM_CHUNK ((size_t)64 << 20) /* what a one-rank save copies out of the backend at once */
 
 static cJSON *header_json(const ff_model_rank *layout, const ff_ckpt_meta *meta, int blocks,
                           const char *checksums, size_t data_bytes) {

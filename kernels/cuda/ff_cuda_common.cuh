@@ -78,6 +78,14 @@ struct ff_op_max {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
+/* Kernels above 48 KiB of dynamic shared memory must say so before their launch. */
+template <typename Kernel>
+static void ff_cuda_allow_shared(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    FF_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)bytes));
+}
+
 /* Grid size for n elements at `threads` per block, capped so grid-stride loops cover the rest. */
 static inline unsigned ff_grid_for(int64_t n, int threads) {
   int64_t blocks = (n + threads - 1) / threads;

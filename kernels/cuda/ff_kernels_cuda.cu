@@ -5,7 +5,8 @@
  *
  * Every reduction has a fixed shape (no atomics), so a run repeats bit for bit on the same GPU.
  * Attention lives in ff_attention_cuda.cu (fused, fp32), or with FF_ATTENTION=gemm in
- * ff_attention_gemm_cuda.cu (cuBLAS, tensor cores in bf16). The backend is one per process: the
+ * ff_attention_gemm_cuda.cu (cuBLAS, tensor cores in bf16), or with FF_ATTENTION=tensor under bf16
+ * math in ff_attention_tc_cuda.cu (fused, bf16 tensor cores). The backend is one per process: the
  * table interface carries no context, so the stream, the cuBLASLt handle and the allocation
  * ledger sit in one static struct set up by ff_kernels_cuda(). */
 #include <cublasLt.h>
@@ -33,6 +34,18 @@ extern "C" void ff_cuda_attention_gemm_bwd(cublasHandle_t blas, cublasComputeTyp
                                            const float *out, const float *lse, const float *q,
                                            const float *k, const float *v, int B, int S, int Hq,
                                            int Hkv, int D, int q_first, int kv_first, int group);
+extern "C" bool ff_cuda_attention_tc_supports(int D);
+extern "C" void ff_cuda_attention_tc_fwd(float *out, float *lse, const float *q, const float *k,
+                                         const float *v, int B, int S, int Hq, int Hkv, int D,
+                                         int q_first, int kv_first, int group);
+extern "C" void ff_cuda_attention_tc_bwd(float *dq, float *dk, float *dv, const float *dout,
+                                         const float *out, const float *lse, const float *q,
+                                         const float *k, const float *v, int B, int S, int Hq,
+                                         int Hkv, int D, int q_first, int kv_first, int group);
+
+/* Which attention runs (FF_ATTENTION): the fused fp32 kernel, cuBLAS, or the tensor-core kernel
+ * (bf16 math and head dimensions it supports only; the fused kernel otherwise). */
+typedef enum { ATTENTION_FUSED, ATTENTION_GEMM, ATTENTION_TENSOR } attention_kind;
 
 enum {
   THREADS = 256,
@@ -62,7 +75,7 @@ static struct cuda_backend {
   bool ready;
   int device;
   ff_kernel_math math;
-  bool attention_gemm; /* FF_ATTENTION=gemm: attention through cuBLAS */
+  attention_kind attention;
   void (*on_fatal)(int status);
   cudaStream_t stream;
   cublasLtHandle_t lt;
@@ -337,13 +350,20 @@ static cublasComputeType_t compute_type(void) {
   return g.math == FF_MATH_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
 }
 
+static bool tensor_attention(int D, int Hq) {
+  return g.attention == ATTENTION_TENSOR && g.math == FF_MATH_BF16 && Hq > 0 &&
+         ff_cuda_attention_tc_supports(D);
+}
+
 static void attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                           int B, int S, int Hq, int Hkv, int D, int q_first, int kv_first,
                           int group) {
   int t = op_begin(OP_ATTENTION);
-  if (g.attention_gemm)
+  if (g.attention == ATTENTION_GEMM)
     ff_cuda_attention_gemm_fwd(g.blas, compute_type(), out, lse, q, k, v, B, S, Hq, Hkv, D,
                                q_first, kv_first, group);
+  else if (tensor_attention(D, Hq))
+    ff_cuda_attention_tc_fwd(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
   else
     ff_cuda_attention_fwd(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
   op_end(t);
@@ -353,9 +373,12 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
                           const float *lse, const float *q, const float *k, const float *v, int B,
                           int S, int Hq, int Hkv, int D, int q_first, int kv_first, int group) {
   int t = op_begin(OP_ATTENTION);
-  if (g.attention_gemm)
+  if (g.attention == ATTENTION_GEMM)
     ff_cuda_attention_gemm_bwd(g.blas, compute_type(), dq, dk, dv, dout, out, lse, q, k, v, B, S,
                                Hq, Hkv, D, q_first, kv_first, group);
+  else if (tensor_attention(D, Hq))
+    ff_cuda_attention_tc_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first,
+                             kv_first, group);
   else
     ff_cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first,
                           group);
@@ -769,7 +792,13 @@ extern "C" const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math,
   g.device = device;
   g.math = math;
   const char *attention = getenv("FF_ATTENTION");
-  g.attention_gemm = attention && strcmp(attention, "gemm") == 0;
+  g.attention = !attention ? ATTENTION_FUSED
+                : strcmp(attention, "gemm") == 0 ? ATTENTION_GEMM
+                : strcmp(attention, "tensor") == 0 ? ATTENTION_TENSOR
+                : ATTENTION_FUSED;
+  if (attention && g.attention == ATTENTION_FUSED && strcmp(attention, "fused") != 0)
+    fprintf(stderr, "ffrun: FF_ATTENTION=%s is none of fused, gemm, tensor; using fused\n",
+            attention);
   g.on_fatal = on_fatal;
   g.ready = true;
   return &cuda_kernels;

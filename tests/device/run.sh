@@ -5,13 +5,14 @@
 #   tests/device/run.sh                 (there, carrying .device-debs)
 # It builds with CUDA into build-device/, then
 #   1. every kernel against the CPU backend on fresh random inputs (check_kernels fp32, bf16),
-#      with the fused attention kernel and again with FF_ATTENTION=gemm (cuBLAS attention);
+#      with the fused attention kernel, again with FF_ATTENTION=gemm (cuBLAS attention), and in
+#      bf16 with FF_ATTENTION=tensor (the tensor-core kernel, which only bf16 math uses);
 #   2. 20 training steps of the tiny model on the GPU against the CPU backend, fp32 and bf16,
-#      with either attention;
+#      with each attention;
 #   3. a 4-rank plan (DP + PP + uneven TP with a shared kv head) on the one GPU under mpirun
 #      (--comm mpi: NCCL refuses two ranks on one GPU), against the one-rank GPU run of the same
 #      model; and the NCCL backend on one rank (several need several GPUs);
-#   4. the ~1B Llama on one GPU, with either attention: tokens/s, MFU against 989 TFLOP/s, the
+#   4. the ~1B Llama on one GPU, with each attention: tokens/s, MFU against 989 TFLOP/s, the
 #      step split into matmul, attention and the rest, memory against the prediction;
 #   5. `ffrun profile` on the GPU, a plan on that profile, one run of it, `ffplan calibrate`;
 # and prints a summary table last (also written to $OUT/summary.md when OUT is set).
@@ -61,9 +62,11 @@ ffplan=build-device/planner/ffplan
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/gpu.txt" 2>&1
 
 # ---- 1. kernels --------------------------------------------------------------------------------
-# (then again with FF_ATTENTION=gemm: attention through cuBLAS instead of the fused kernel)
-for attention in fused gemm; do
+# (then again with FF_ATTENTION=gemm: attention through cuBLAS instead of the fused kernel, and
+# with FF_ATTENTION=tensor in bf16: under fp32 math it is the fused kernel)
+for attention in fused gemm tensor; do
   for math in fp32 bf16; do
+    [ $attention = tensor ] && [ $math = fp32 ] && continue
     say "check_kernels $math, attention $attention"
     log=$out/kernels-$math-$attention.txt
     # chunks of 32 query rows, so that the checks' short sequences cross chunks
@@ -110,10 +113,13 @@ for prec in fp32 bf16; do
       2>"$out/gpu-$prec.err"
   detail=$(losses "$out/cpu-$prec.jsonl" "$out/gpu-$prec.jsonl" $tol) && r=pass || r=FAIL
   row "2. 20 steps GPU vs CPU ($prec)" $r "$detail"
-  FF_ATTENTION=gemm $ffrun "$plan" --text LICENSE --steps 20 --quiet --backend cuda \
-    --metrics "$out/gpu-$prec-gemm.jsonl" 2>"$out/gpu-$prec-gemm.err"
-  detail=$(losses "$out/cpu-$prec.jsonl" "$out/gpu-$prec-gemm.jsonl" $tol) && r=pass || r=FAIL
-  row "2. 20 steps GPU vs CPU ($prec, attention gemm)" $r "$detail"
+  for attention in gemm tensor; do
+    [ $attention = tensor ] && [ $prec = fp32 ] && continue
+    FF_ATTENTION=$attention $ffrun "$plan" --text LICENSE --steps 20 --quiet --backend cuda \
+      --metrics "$out/gpu-$prec-$attention.jsonl" 2>"$out/gpu-$prec-$attention.err"
+    detail=$(losses "$out/cpu-$prec.jsonl" "$out/gpu-$prec-$attention.jsonl" $tol) && r=pass || r=FAIL
+    row "2. 20 steps GPU vs CPU ($prec, attention $attention)" $r "$detail"
+  done
 done
 
 # ---- 3. a 4-rank plan on the one GPU -----------------------------------------------------------
@@ -135,7 +141,7 @@ row "3b. --comm nccl, 1 rank (bootstrap, splits, watchdog)" $r "$detail"
 say "llama-1b throughput"
 $ffplan plan --cluster tests/device/h200-1.json --model tests/device/llama-1b.json \
   --training tests/device/bench-training.json -o "$out/llama-1b.json" >"$out/llama-1b-plan.txt" 2>&1
-for attention in fused gemm; do
+for attention in fused gemm tensor; do
   timeout 300 env FF_ATTENTION=$attention $ffrun "$out/llama-1b.json" --text LICENSE --steps 6 \
     --backend cuda --metrics "$out/llama-1b-$attention.jsonl" >"$out/llama-1b-$attention.log" 2>&1
   detail=$(python3 - "$out/llama-1b-$attention.jsonl" tests/device/llama-1b.json "$out/llama-1b.json" <<'PY'

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "../ff_kernels.h"
+#include "ff_cuda_common.cuh"
 #include "ff_attention_kernels.cuh"
 
 /* ---- launchers -------------------------------------------------------------------------- */

@@ -1,8 +1,8 @@
-/* ff_attention_kernels.cuh — causal attention of the CUDA backend, memory-efficient in the manner of
- * FlashAttention-2 (Dao, 2023): scores are formed a tile of 32 keys at a time in registers and
- * folded into the output with an online softmax, so nothing of size S×S ever reaches HBM. Backward
- * recomputes the probabilities from q, k and the saved log-sum-exp, in two kernels so that
- * neither needs atomics (results are reproducible bit for bit):
+/* ff_attention_kernels.cuh — causal attention of the CUDA backend, memory-efficient in the
+ * manner of FlashAttention-2 (Dao, 2023): scores are formed a tile of 32 keys at a time in
+ * registers and folded into the output with an online softmax, so nothing of size S×S ever
+ * reaches HBM. Backward recomputes the probabilities from q, k and the saved log-sum-exp, in two
+ * kernels so that neither needs atomics (results are reproducible bit for bit):
  *   dq:     one block per 32 query rows walks the key tiles it can see;
  *   dk, dv: one block per 32 keys walks the query heads that share its kv head, then the query
  *           tiles that can see it, in the same order as the CPU backend sums them.
@@ -13,14 +13,14 @@
  * lse (B, Hq, S). Launch: grid (tiles of S, heads, B), FF_ATTN_WARPS warps per block.
  *
  * The kernels are here and their launchers in ff_attention_cuda.cu, so that
- * tests/unit/test_attention_emulated.cc can run these same kernels on the CPU. */
+ * tests/unit/test_cuda_emulated.cc can run these same kernels on the CPU. */
 #ifndef FF_ATTENTION_KERNELS_CUH
 #define FF_ATTENTION_KERNELS_CUH
 
 #include <stddef.h>
 
 #include "ff_attention_rows.cuh"
-#include "ff_cuda_common.cuh"
+#include "ff_cuda_device.cuh"
 
 enum {
   FF_ATTN_TILE = 32,   /* query rows or keys per block and per inner tile: one per lane */
@@ -52,7 +52,7 @@ template <int DL>
 __global__ void attention_fwd_kernel(float *out, float *lse, const float *q, const float *k,
                                      const float *v, int S, int Hq, int Hkv, int D, int q_first,
                                      int kv_first, int group, float scale) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  FF_DYNAMIC_SHARED(smem, 16);
   float *Qs = (float *)smem;                   /* TILE × D      */
   float *Ks = Qs + FF_ATTN_TILE * D;           /* TILE × (D+1)  */
   float *Vs = Ks + FF_ATTN_TILE * (D + 1);     /* TILE × D      */
@@ -117,7 +117,7 @@ __global__ void attention_bwd_dq_kernel(float *dq, const float *dout, const floa
                                         const float *lse, const float *q, const float *k,
                                         const float *v, int S, int Hq, int Hkv, int D,
                                         int q_first, int kv_first, int group, float scale) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  FF_DYNAMIC_SHARED(smem, 16);
   float *Qs = (float *)smem;                 /* TILE × D     */
   float *dOs = Qs + FF_ATTN_TILE * D;        /* TILE × D     */
   float *Ks = dOs + FF_ATTN_TILE * D;        /* TILE × (D+1) */
@@ -185,7 +185,7 @@ __global__ void attention_bwd_dkdv_kernel(float *dk, float *dv, const float *dou
                                           const float *k, const float *v, int S, int Hq, int Hkv,
                                           int D, int q_first, int kv_first, int group,
                                           float scale) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  FF_DYNAMIC_SHARED(smem, 16);
   float *Ks = (float *)smem;                  /* TILE × D     */
   float *Vs = Ks + FF_ATTN_TILE * D;          /* TILE × D     */
   float *Qs = Vs + FF_ATTN_TILE * D;          /* TILE × (D+1) */

@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "ff_cuda_common.cuh"
+#include "ff_cuda_device.cuh"
 
 /* Where batch b's query head h (local) and its kv head hk (local) are: row t of the head in q,
  * out, dq and dout starts at q_off + t·q_stride, of the kv head in k, v, dk and dv at

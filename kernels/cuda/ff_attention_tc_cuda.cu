@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include "../ff_kernels.h"
+#include "ff_cuda_common.cuh"
 #include "ff_attention_tc_kernels.cuh"
 
 extern "C" void ff_cuda_attention_check_gqa(int Hq, int Hkv, int q_first, int kv_first, int group);

@@ -17,7 +17,7 @@
  * to shared memory, so nothing depends on how a fragment spreads over the lanes.
  *
  * The kernels are here and their launchers in ff_attention_tc_cuda.cu, so that
- * tests/unit/test_attention_tc.cc can run these same kernels on the CPU, a thread per CUDA
+ * tests/unit/test_cuda_emulated.cc can run these same kernels on the CPU, a thread per CUDA
  * thread, against the CPU backend.
  *
  * Layouts as kernels/ff_kernels.h: q, out, dq, dout (B, S, Hq, D); k, v, dk, dv (B, S, Hkv, D);
@@ -31,7 +31,7 @@
 #include <stddef.h>
 
 #include "ff_attention_rows.cuh"
-#include "ff_cuda_common.cuh"
+#include "ff_cuda_device.cuh"
 
 using namespace nvcuda;
 
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     tc_fwd_kernel(float *out, float *lse, const float *q, const float *k, const float *v, int S,
                   int Hq, int Hkv, int q_first, int kv_first, int group, float scale) {
   constexpr int D = 16 * DT, LDH = D + 8, LDO = D + 4;
-  extern __shared__ __align__(128) unsigned char smem[];
+  FF_DYNAMIC_SHARED(smem, 128);
   bf16 *Qs = (bf16 *)smem;                     /* TILE × LDH */
   bf16 *Ks = Qs + TC_TILE * LDH;               /* TILE × LDH */
   bf16 *Vs = Ks + TC_TILE * LDH;               /* TILE × LDH */
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                      const float *q, const float *k, const float *v, int S, int Hq, int Hkv,
                      int q_first, int kv_first, int group, float scale) {
   constexpr int D = 16 * DT, LDH = D + 8, LDO = D + 4;
-  extern __shared__ __align__(128) unsigned char smem[];
+  FF_DYNAMIC_SHARED(smem, 128);
   bf16 *Qs = (bf16 *)smem;                     /* TILE × LDH */
   bf16 *dOs = Qs + TC_TILE * LDH;              /* TILE × LDH */
   bf16 *Ks = dOs + TC_TILE * LDH;              /* TILE × LDH */
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                        const float *lse, const float *q, const float *k, const float *v, int S,
                        int Hq, int Hkv, int q_first, int kv_first, int group, float scale) {
   constexpr int D = 16 * DT, LDH = D + 8, LDO = D + 4;
-  extern __shared__ __align__(128) unsigned char smem[];
+  FF_DYNAMIC_SHARED(smem, 128);
   bf16 *Ks = (bf16 *)smem;                     /* TILE × LDH */
   bf16 *Vs = Ks + TC_TILE * LDH;               /* TILE × LDH */
   bf16 *Qs = Vs + TC_TILE * LDH;               /* TILE × LDH */

@@ -37,7 +37,7 @@ static void fwd_launch(float *out, float *lse, const float *q, const float *k, c
                        int group) {
   dim3 grid((unsigned)((S + FF_ATTN_TILE - 1) / FF_ATTN_TILE), (unsigned)Hq, (unsigned)B);
   size_t smem = ff_attn_fwd_smem(D);
-  ff_cuda_allow_shared(attention_fwd_kernel<DL>, smem);
+  ff_cuda_allow_shared(attention_fwd_kernel<DL>, smem, "attention_fwd");
   attention_fwd_kernel<DL><<<grid, FF_ATTN_WARPS * FF_WARP, smem, ff_cuda_stream()>>>(
       out, lse, q, k, v, S, Hq, Hkv, D, q_first, kv_first, group, 1.0f / sqrtf((float)D));
   FF_CUDA_LAUNCHED("attention_fwd");
@@ -50,14 +50,14 @@ static void bwd_launch(float *dq, float *dk, float *dv, const float *dout, const
   float scale = 1.0f / sqrtf((float)D);
   unsigned tiles = (unsigned)((S + FF_ATTN_TILE - 1) / FF_ATTN_TILE);
   size_t smem_dq = ff_attn_dq_smem(D);
-  ff_cuda_allow_shared(attention_bwd_dq_kernel<DL>, smem_dq);
+  ff_cuda_allow_shared(attention_bwd_dq_kernel<DL>, smem_dq, "attention_bwd_dq");
   attention_bwd_dq_kernel<DL><<<dim3(tiles, (unsigned)Hq, (unsigned)B), FF_ATTN_WARPS * FF_WARP,
                                 smem_dq, ff_cuda_stream()>>>(
       dq, dout, out, lse, q, k, v, S, Hq, Hkv, D, q_first, kv_first, group, scale);
   FF_CUDA_LAUNCHED("attention_bwd_dq");
   if (Hkv <= 0) return;
   size_t smem_kv = ff_attn_dkdv_smem(D);
-  ff_cuda_allow_shared(attention_bwd_dkdv_kernel<DL>, smem_kv);
+  ff_cuda_allow_shared(attention_bwd_dkdv_kernel<DL>, smem_kv, "attention_bwd_dkdv");
   attention_bwd_dkdv_kernel<DL><<<dim3(tiles, (unsigned)Hkv, (unsigned)B),
                                   FF_ATTN_WARPS * FF_WARP, smem_kv, ff_cuda_stream()>>>(
       dk, dv, dout, out, lse, q, k, v, S, Hq, Hkv, D, q_first, kv_first, group, scale);

@@ -15,7 +15,7 @@ static void fwd_launch(float *out, float *lse, const float *q, const float *k, c
                        int B, int S, int Hq, int Hkv, int q_first, int kv_first, int group) {
   int D = 16 * DT;
   size_t smem = tc_fwd_smem(D);
-  ff_cuda_allow_shared(tc_fwd_kernel<DT>, smem);
+  ff_cuda_allow_shared(tc_fwd_kernel<DT>, smem, "tc_fwd");
   dim3 grid((unsigned)((S + TC_TILE - 1) / TC_TILE), (unsigned)Hq, (unsigned)B);
   tc_fwd_kernel<DT><<<grid, TC_THREADS, smem, ff_cuda_stream()>>>(
       out, lse, q, k, v, S, Hq, Hkv, q_first, kv_first, group, 1.0f / sqrtf((float)D));
@@ -30,22 +30,28 @@ static void bwd_launch(float *dq, float *dk, float *dv, const float *dout, const
   float scale = 1.0f / sqrtf((float)D);
   unsigned tiles = (unsigned)((S + TC_TILE - 1) / TC_TILE);
   size_t smem_dq = tc_dq_smem(D);
-  ff_cuda_allow_shared(tc_bwd_dq_kernel<DT>, smem_dq);
+  ff_cuda_allow_shared(tc_bwd_dq_kernel<DT>, smem_dq, "tc_bwd_dq");
   tc_bwd_dq_kernel<DT><<<dim3(tiles, (unsigned)Hq, (unsigned)B), TC_THREADS, smem_dq,
                          ff_cuda_stream()>>>(dq, dout, out, lse, q, k, v, S, Hq, Hkv, q_first,
                                              kv_first, group, scale);
   FF_CUDA_LAUNCHED("attention_tc_bwd_dq");
   if (Hkv <= 0) return;
   size_t smem_kv = tc_dkdv_smem(D);
-  ff_cuda_allow_shared(tc_bwd_dkdv_kernel<DT>, smem_kv);
+  ff_cuda_allow_shared(tc_bwd_dkdv_kernel<DT>, smem_kv, "tc_bwd_dkdv");
   tc_bwd_dkdv_kernel<DT><<<dim3(tiles, (unsigned)Hkv, (unsigned)B), TC_THREADS, smem_kv,
                            ff_cuda_stream()>>>(dk, dv, dout, out, lse, q, k, v, S, Hq, Hkv,
                                                q_first, kv_first, group, scale);
   FF_CUDA_LAUNCHED("attention_tc_bwd_dkdv");
 }
 
+/* A head dimension the kernels take, whose shared memory this GPU has (at D 128 the dk, dv
+ * kernel needs 120.5 KiB: an RTX 4090's 99 KiB then leaves it to the fused kernel). */
 extern "C" bool ff_cuda_attention_tc_supports(int D) {
-  return D >= 16 && D <= TC_MAX_D && D % 16 == 0;
+  if (D < 16 || D > TC_MAX_D || D % 16 != 0) return false;
+  size_t most = tc_fwd_smem(D);
+  if (tc_dq_smem(D) > most) most = tc_dq_smem(D);
+  if (tc_dkdv_smem(D) > most) most = tc_dkdv_smem(D);
+  return most <= ff_cuda_shared_limit();
 }
 
 /* For head dimensions ff_cuda_attention_tc_supports and Hq > 0: the caller sends a shard with no

@@ -7,6 +7,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "ff_cuda_device.cuh"
@@ -40,9 +41,20 @@ void ff_cuda_fatal(const char *file, int line, const char *call, const char *mes
       ff_cuda_fatal(__FILE__, __LINE__, "launch of " what, cudaGetErrorString(ff_err_));        \
   } while (0)
 
-/* Kernels above 48 KiB of dynamic shared memory must say so before their launch. */
+/* The most dynamic shared memory one block may use on this process's GPU (its opt-in limit:
+ * 227 KiB on an H100 or H200, 163 KiB on an A100, 99 KiB on an RTX 4090). */
+size_t ff_cuda_shared_limit(void);
+
+/* Kernels above 48 KiB of dynamic shared memory must say so before their launch; one that needs
+ * more than the GPU has ends the job with the figures, not a bare "invalid argument". */
 template <typename Kernel>
-static void ff_cuda_allow_shared(Kernel kernel, size_t bytes) {
+static void ff_cuda_allow_shared(Kernel kernel, size_t bytes, const char *what) {
+  if (bytes > ff_cuda_shared_limit()) {
+    char why[160];
+    snprintf(why, sizeof why, "needs %zu KiB of shared memory per block; this GPU allows %zu KiB",
+             bytes >> 10, ff_cuda_shared_limit() >> 10);
+    ff_cuda_fatal(__FILE__, __LINE__, what, why);
+  }
   if (bytes > 48 * 1024)
     FF_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)bytes));

@@ -79,6 +79,7 @@ static struct cuda_backend {
   cublasHandle_t blas;
   void *workspace;
   double *sumsq_partial; /* SUMSQ_BLOCKS + 1 */
+  size_t shared_limit;   /* dynamic shared memory a block may opt in to */
   gemm_entry gemm[GEMM_CACHE];
   int n_gemm;
   alloc_entry *allocs;
@@ -92,6 +93,8 @@ static struct cuda_backend {
 } g;
 
 cudaStream_t ff_cuda_stream(void) { return g.stream; }
+
+size_t ff_cuda_shared_limit(void) { return g.shared_limit; }
 
 extern "C" void *ff_kernels_cuda_stream(void) { return g.ready ? (void *)g.stream : NULL; }
 
@@ -595,6 +598,9 @@ extern "C" const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math,
   }
   g.device = device;
   g.math = math;
+  int optin = 0;
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  g.shared_limit = optin > 0 ? (size_t)optin : 48 * 1024;
   const char *attention = getenv("FF_ATTENTION");
   g.attention = !attention ? ATTENTION_FUSED
                 : strcmp(attention, "gemm") == 0 ? ATTENTION_GEMM

@@ -992,6 +992,8 @@ void ff_atomic_write_at(ff_atomic_file *f, const void *data, size_t len, int64_t
     ssize_t w = pwrite(f->fd, p, len, (off_t)offset);
     if (w < 0 && errno != EINTR)
       f->err = errno;
+    else if (w == 0)
+      f->err = EIO; /* no progress: not a regular file's answer */
     else if (w > 0)
       p += w, len -= (size_t)w, offset += w;
   }

@@ -150,7 +150,7 @@ ff_ckpt_writer *ff_checkpoint_begin(const char *dir, const ff_model_rank *layout
 
 void ff_checkpoint_append(ff_ckpt_writer *w, const void *data, size_t bytes) {
   const unsigned char *p = data;
-  if (bytes > w->total - w->at) { /* more than the header promises: refused at the end */
+  if (w->at > w->total || bytes > w->total - w->at) { /* past the header's promise: refused */
     w->at = w->total + 1;
     return;
   }

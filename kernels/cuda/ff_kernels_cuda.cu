@@ -3,11 +3,11 @@
  * like the CPU backend, so the two are compared element for element; with FF_MATH_BF16 the
  * matmuls run on bf16 tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF).
  * The kernels of the operations other than matmuls and attention are in ff_ops_kernels.cuh.
- * Attention lives in ff_attention_cuda.cu (fused, fp32), or with FF_ATTENTION=gemm in
- * ff_attention_gemm_cuda.cu (cuBLAS, tensor cores in bf16), or with FF_ATTENTION=tensor under bf16
- * math in ff_attention_tc_cuda.cu (fused, bf16 tensor cores). The backend is one per process: the
- * table interface carries no context, so the stream, the cuBLASLt handle and the allocation
- * ledger sit in one static struct set up by ff_kernels_cuda(). */
+ * Attention runs under bf16 math in ff_attention_tc_cuda.cu (fused, bf16 tensor cores), under
+ * fp32 math or with FF_ATTENTION=fused in ff_attention_cuda.cu (fused, fp32), or with
+ * FF_ATTENTION=gemm in ff_attention_gemm_cuda.cu (cuBLAS, tensor cores in bf16). The backend is
+ * one per process: the table interface carries no context, so the stream, the cuBLASLt handle
+ * and the allocation ledger sit in one static struct set up by ff_kernels_cuda(). */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <stdio.h>
@@ -44,7 +44,8 @@ extern "C" void ff_cuda_attention_tc_bwd(float *dq, float *dk, float *dv, const 
                                          int Hkv, int D, int q_first, int kv_first, int group);
 
 /* Which attention runs (FF_ATTENTION): the fused fp32 kernel, cuBLAS, or the tensor-core kernel
- * (bf16 math and head dimensions it supports only; the fused kernel otherwise). */
+ * (bf16 math and head dimensions it supports only; the fused kernel otherwise). The default is
+ * the tensor-core kernel, so bf16 math gets it and fp32 math the fused one. */
 typedef enum { ATTENTION_FUSED, ATTENTION_GEMM, ATTENTION_TENSOR } attention_kind;
 
 enum {
@@ -602,12 +603,13 @@ extern "C" const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math,
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   g.shared_limit = optin > 0 ? (size_t)optin : 48 * 1024;
   const char *attention = getenv("FF_ATTENTION");
-  g.attention = !attention ? ATTENTION_FUSED
-                : strcmp(attention, "gemm") == 0 ? ATTENTION_GEMM
-                : strcmp(attention, "tensor") == 0 ? ATTENTION_TENSOR
-                : ATTENTION_FUSED;
-  if (attention && g.attention == ATTENTION_FUSED && strcmp(attention, "fused") != 0)
-    fprintf(stderr, "ffrun: FF_ATTENTION=%s is none of fused, gemm, tensor; using fused\n",
+  g.attention = !attention || strcmp(attention, "tensor") == 0 ? ATTENTION_TENSOR
+                : strcmp(attention, "gemm") == 0                 ? ATTENTION_GEMM
+                : strcmp(attention, "fused") == 0                ? ATTENTION_FUSED
+                                                                 : ATTENTION_TENSOR;
+  if (attention && strcmp(attention, "tensor") && strcmp(attention, "gemm") &&
+      strcmp(attention, "fused"))
+    fprintf(stderr, "ffrun: FF_ATTENTION=%s is none of tensor, fused, gemm; using the default\n",
             attention);
   g.on_fatal = on_fatal;
   g.ready = true;

@@ -5,10 +5,11 @@
 #   tests/device/run.sh                 (there, carrying .device-debs)
 # It builds with CUDA into build-device/, then
 #   1. every kernel against the CPU backend on fresh random inputs (check_kernels fp32, bf16),
-#      with the fused attention kernel, again with FF_ATTENTION=gemm (cuBLAS attention), and in
-#      bf16 with FF_ATTENTION=tensor (the tensor-core kernel, which only bf16 math uses);
+#      with the fused fp32 attention kernel (FF_ATTENTION=fused), again with FF_ATTENTION=gemm
+#      (cuBLAS attention), and in bf16 with FF_ATTENTION=tensor (the tensor-core kernel, the
+#      default under bf16 math; fp32 math uses the fused one);
 #   2. 20 training steps of the tiny model on the GPU against the CPU backend, fp32 and bf16,
-#      with each attention;
+#      with the default attention and each other one;
 #   3. a 4-rank plan (DP + PP + uneven TP with a shared kv head) on the one GPU under mpirun
 #      (--comm mpi: NCCL refuses two ranks on one GPU), against the one-rank GPU run of the same
 #      model; and the NCCL backend on one rank (several need several GPUs);
@@ -62,8 +63,7 @@ ffplan=build-device/planner/ffplan
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/gpu.txt" 2>&1
 
 # ---- 1. kernels --------------------------------------------------------------------------------
-# (then again with FF_ATTENTION=gemm: attention through cuBLAS instead of the fused kernel, and
-# with FF_ATTENTION=tensor in bf16: under fp32 math it is the fused kernel)
+# (each attention by name; FF_ATTENTION=tensor only in bf16: under fp32 math it is the fused one)
 for attention in fused gemm tensor; do
   for math in fp32 bf16; do
     [ $attention = tensor ] && [ $math = fp32 ] && continue
@@ -112,9 +112,9 @@ for prec in fp32 bf16; do
     $ffrun "$plan" --text LICENSE --steps 20 --quiet --backend cuda --metrics "$out/gpu-$prec.jsonl" \
       2>"$out/gpu-$prec.err"
   detail=$(losses "$out/cpu-$prec.jsonl" "$out/gpu-$prec.jsonl" $tol) && r=pass || r=FAIL
-  row "2. 20 steps GPU vs CPU ($prec)" $r "$detail"
-  for attention in gemm tensor; do
-    [ $attention = tensor ] && [ $prec = fp32 ] && continue
+  row "2. 20 steps GPU vs CPU ($prec, default attention)" $r "$detail"
+  for attention in fused gemm; do
+    [ $attention = fused ] && [ $prec = fp32 ] && continue # the default there
     FF_ATTENTION=$attention $ffrun "$plan" --text LICENSE --steps 20 --quiet --backend cuda \
       --metrics "$out/gpu-$prec-$attention.jsonl" 2>"$out/gpu-$prec-$attention.err"
     detail=$(losses "$out/cpu-$prec.jsonl" "$out/gpu-$prec-$attention.jsonl" $tol) && r=pass || r=FAIL

@@ -36,7 +36,9 @@ std::barrier<> *emu_warp_barrier[32];
 double emu_slots[32][32];
 alignas(256) unsigned char smem[256 * 1024];
 
-/* Run body() as a grid of blocks of `block` threads (x first, then y), one block at a time. */
+/* Run body() as a grid of blocks of `block` threads (x first, then y): one team of threads
+ * takes the blocks one at a time, and between two blocks, with every thread waiting, thread 0
+ * fills the dynamic shared memory with NaN again. */
 template <typename F>
 static void launch(dim3 grid, dim3 block, size_t smem_bytes, F body) {
   unsigned threads = block.x * block.y;
@@ -46,26 +48,28 @@ static void launch(dim3 grid, dim3 block, size_t smem_bytes, F body) {
   }
   blockDim = block;
   gridDim = grid;
-  for (unsigned z = 0; z < grid.z; z++)
-    for (unsigned y = 0; y < grid.y; y++)
-      for (unsigned x = 0; x < grid.x; x++) {
-        memset(smem, 0xff, sizeof smem); /* NaN as fp32 and as bf16 */
-        std::barrier<> barrier((std::ptrdiff_t)threads);
-        std::vector<std::unique_ptr<std::barrier<>>> warps;
-        for (unsigned w = 0; w < threads / 32; w++) {
-          warps.push_back(std::make_unique<std::barrier<>>(32));
-          emu_warp_barrier[w] = warps.back().get();
-        }
-        emu_block_barrier = &barrier;
-        std::vector<std::thread> team;
-        for (unsigned t = 0; t < threads; t++)
-          team.emplace_back([=] {
-            threadIdx = dim3{t % block.x, t / block.x, 0};
+  std::barrier<> barrier((std::ptrdiff_t)threads);
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  for (unsigned w = 0; w < threads / 32; w++) {
+    warps.push_back(std::make_unique<std::barrier<>>(32));
+    emu_warp_barrier[w] = warps.back().get();
+  }
+  emu_block_barrier = &barrier;
+  std::vector<std::thread> team;
+  for (unsigned t = 0; t < threads; t++)
+    team.emplace_back([&, t] {
+      threadIdx = dim3{t % block.x, t / block.x, 0};
+      for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+          for (unsigned x = 0; x < grid.x; x++) {
+            if (t == 0) memset(smem, 0xff, sizeof smem); /* NaN as fp32 and as bf16 */
+            barrier.arrive_and_wait(); /* shared memory is reset */
             blockIdx = dim3{x, y, z};
             body();
-          });
-        for (auto &th : team) th.join();
-      }
+            barrier.arrive_and_wait(); /* every thread is done with the block */
+          }
+    });
+  for (auto &th : team) th.join();
 }
 
 static dim3 blocks(unsigned x, unsigned y = 1, unsigned z = 1) { return dim3{x, y, z}; }

@@ -6,9 +6,10 @@
  * A block of four warps takes 64 query rows (forward, dq) or 64 keys (dk, dv); each warp owns 16
  * of them. q, k, v and dout are read in fp32 and rounded to bf16 as they enter shared memory.
  * Forward, per tile of 64 keys: S = Q·Kᵀ (fp32, shared memory), the online softmax turns a
- * warp's rows into bf16 probabilities P and rescales its rows of the fp32 output O, and O += P·V;
- * at the end O is divided by the row sums and lse = max + log Σ exp is kept, as by the fp32
- * kernel. Backward recomputes P from q, k and lse:
+ * warp's rows into bf16 probabilities P (rescaling the rows of the fp32 output O, held in
+ * accumulator fragments, whose max grew), and O += P·V; at the end O is divided by the row sums
+ * and lse = max + log Σ exp is kept, as by the fp32 kernel. Backward recomputes P from q, k and
+ * lse:
  *   dq:     per query tile, over the key tiles it sees: dP = dO·Vᵀ, dS = P∘(dP − Δ)·scale
  *           (Δ = rowsum(dO∘O)), dQ += dS·K, the accumulators held in registers;
  *   dk, dv: per key tile, over the query heads that share its kv head and the query tiles that
@@ -114,16 +115,18 @@ __global__ void __launch_bounds__(TC_THREADS)
   size_t q_stride = a.q_stride, kv_stride = a.kv_stride;
   const float *q_bh = q + a.q_off, *k_bh = k + a.kv_off, *v_bh = v + a.kv_off;
   load_bf16(Qs, LDH, q_bh, q_stride, q0, S, D);
-  for (int i = threadIdx.x; i < TC_TILE * LDO; i += blockDim.x) Os[i] = 0.0f;
 
   /* two lanes per row: this lane's row r of the tile and its half of the columns */
   int r = warp * 16 + lane / 2, half = lane % 2, t = q0 + r;
   float m = -INFINITY, l = 0.0f;
   float *s_row = Ss + r * TC_LDS + half * 32, *o_row = Os + r * LDO + half * (D / 2);
   bf16 *p_row = Ps + r * TC_LDP + half * 32;
+  float *o_warp = Os + warp * 16 * LDO;
+  frag_c acc[DT]; /* the warp's 16 rows of the output, unnormalised */
+  for (int n = 0; n < DT; n++) wmma::fill_fragment(acc[n], 0.0f);
   int q_last = min(S, q0 + TC_TILE) - 1;
   for (int j0 = 0; j0 <= q_last; j0 += TC_TILE) {
-    __syncthreads(); /* the previous K, V are no longer read (and Q, O are in place) */
+    __syncthreads(); /* the previous K, V are no longer read (and Q is in place) */
     load_bf16(Ks, LDH, k_bh, kv_stride, j0, S, D);
     load_bf16(Vs, LDH, v_bh, kv_stride, j0, S, D);
     __syncthreads();
@@ -145,17 +148,24 @@ __global__ void __launch_bounds__(TC_THREADS)
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     l = l * alpha + sum;
     m = m_new;
-    for (int c = 0; c < D / 2; c++) o_row[c] *= alpha;
-    __syncwarp();
-    frag_c acc[DT];
-    float *o_warp = Os + warp * 16 * LDO;
-    for (int n = 0; n < DT; n++)
-      wmma::load_matrix_sync(acc[n], o_warp + n * 16, LDO, wmma::mem_row_major);
+    /* Rows whose max grew scale their output by alpha, through shared memory (a fragment's rows
+     * are not addressable); a tile that moves no max in the warp, the usual case once the
+     * largest scores have been seen, skips the round trip, and so does the first (all zero). */
+    if (__any_sync(0xffffffffu, alpha != 1.0f) && j0 > 0) {
+      for (int n = 0; n < DT; n++)
+        wmma::store_matrix_sync(o_warp + n * 16, acc[n], LDO, wmma::mem_row_major);
+      __syncwarp();
+      for (int c = 0; c < D / 2; c++) o_row[c] *= alpha;
+      __syncwarp();
+      for (int n = 0; n < DT; n++)
+        wmma::load_matrix_sync(acc[n], o_warp + n * 16, LDO, wmma::mem_row_major);
+    }
+    __syncwarp(); /* the warp's probabilities are written */
     warp_ab<DT>(acc, Ps + warp * 16 * TC_LDP, TC_LDP, Vs, LDH);
-    for (int n = 0; n < DT; n++)
-      wmma::store_matrix_sync(o_warp + n * 16, acc[n], LDO, wmma::mem_row_major);
-    __syncwarp();
   }
+  for (int n = 0; n < DT; n++)
+    wmma::store_matrix_sync(o_warp + n * 16, acc[n], LDO, wmma::mem_row_major);
+  __syncwarp();
   if (t < S) {
     float inv_l = 1.0f / l;
     float *o = out + ((size_t)b * S + t) * q_stride + (size_t)h * D + half * (D / 2);

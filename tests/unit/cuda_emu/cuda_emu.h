@@ -62,6 +62,16 @@ template <typename T> inline T __shfl_xor_sync(unsigned, T v, int m) {
 template <typename T> inline T __shfl_sync(unsigned, T v, int src) {
   return emu_shuffle(v, (unsigned)src);
 }
+/* Whether pred holds in any lane of the warp, in every lane. */
+inline int __any_sync(unsigned, int pred) {
+  unsigned w = emu_linear() / 32, l = emu_linear() % 32;
+  __syncwarp();
+  emu_slots[w][l] = pred ? 1.0 : 0.0;
+  __syncwarp();
+  int any = 0;
+  for (int i = 0; i < 32; i++) any |= emu_slots[w][i] != 0.0;
+  return any;
+}
 inline unsigned __float_as_uint(float f) {
   unsigned u;
   memcpy(&u, &f, 4);

@@ -116,11 +116,12 @@ __global__ void __launch_bounds__(TC_THREADS)
   const float *q_bh = q + a.q_off, *k_bh = k + a.kv_off, *v_bh = v + a.kv_off;
   load_bf16(Qs, LDH, q_bh, q_stride, q0, S, D);
 
-  /* two lanes per row: this lane's row r of the tile and its half of the columns */
+  /* two lanes per row: this lane's row r of the tile; the pair takes alternate columns (half,
+   * half + 2, ...), so that the warp's 16 rows read at once fall in at most two-way conflicts */
   int r = warp * 16 + lane / 2, half = lane % 2, t = q0 + r;
   float m = -INFINITY, l = 0.0f;
-  float *s_row = Ss + r * TC_LDS + half * 32, *o_row = Os + r * LDO + half * (D / 2);
-  bf16 *p_row = Ps + r * TC_LDP + half * 32;
+  float *s_row = Ss + r * TC_LDS, *o_row = Os + r * LDO;
+  bf16 *p_row = Ps + r * TC_LDP;
   float *o_warp = Os + warp * 16 * LDO;
   frag_c acc[DT]; /* the warp's 16 rows of the output, unnormalised */
   for (int n = 0; n < DT; n++) wmma::fill_fragment(acc[n], 0.0f);
@@ -132,16 +133,15 @@ __global__ void __launch_bounds__(TC_THREADS)
     __syncthreads();
     warp_abt<DT>(Ss + warp * 16 * TC_LDS, TC_LDS, Qs + warp * 16 * LDH, LDH, Ks, LDH);
     __syncwarp();
-    int j_first = j0 + half * 32;
     float mx = -INFINITY;
-    for (int c = 0; c < 32; c++)
-      if (j_first + c <= t && t < S) mx = fmaxf(mx, s_row[c] * scale);
+    for (int c = half; c < TC_TILE; c += 2)
+      if (j0 + c <= t && t < S) mx = fmaxf(mx, s_row[c] * scale);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     float m_new = fmaxf(m, mx);
     float alpha = m_new == -INFINITY ? 1.0f : expf(m - m_new); /* 0 on the first tile */
     float sum = 0.0f;
-    for (int c = 0; c < 32; c++) {
-      float p = j_first + c <= t && t < S ? expf(s_row[c] * scale - m_new) : 0.0f;
+    for (int c = half; c < TC_TILE; c += 2) {
+      float p = j0 + c <= t && t < S ? expf(s_row[c] * scale - m_new) : 0.0f;
       p_row[c] = __float2bfloat16_rn(p);
       sum += p;
     }
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(TC_THREADS)
       for (int n = 0; n < DT; n++)
         wmma::store_matrix_sync(o_warp + n * 16, acc[n], LDO, wmma::mem_row_major);
       __syncwarp();
-      for (int c = 0; c < D / 2; c++) o_row[c] *= alpha;
+      for (int c = half; c < D; c += 2) o_row[c] *= alpha;
       __syncwarp();
       for (int n = 0; n < DT; n++)
         wmma::load_matrix_sync(acc[n], o_warp + n * 16, LDO, wmma::mem_row_major);
@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(TC_THREADS)
   __syncwarp();
   if (t < S) {
     float inv_l = 1.0f / l;
-    float *o = out + ((size_t)b * S + t) * q_stride + (size_t)h * D + half * (D / 2);
-    for (int c = 0; c < D / 2; c++) o[c] = o_row[c] * inv_l;
+    float *o = out + ((size_t)b * S + t) * q_stride + (size_t)h * D;
+    for (int c = half; c < D; c += 2) o[c] = o_row[c] * inv_l;
     if (half == 0) lse[((size_t)b * Hq + h) * S + t] = m + logf(l);
   }
 }
@@ -214,12 +214,11 @@ __global__ void __launch_bounds__(TC_THREADS)
     warp_abt<DT>(Ss + warp * 16 * TC_LDS, TC_LDS, Qs + warp * 16 * LDH, LDH, Ks, LDH);
     warp_abt<DT>(dPs + warp * 16 * TC_LDS, TC_LDS, dOs + warp * 16 * LDH, LDH, Vs, LDH);
     __syncwarp();
-    int j_first = j0 + half * 32;
-    const float *s_row = Ss + r * TC_LDS + half * 32, *dp_row = dPs + r * TC_LDS + half * 32;
-    bf16 *ds_row = dSs + r * TC_LDP + half * 32;
-    for (int c = 0; c < 32; c++) {
+    const float *s_row = Ss + r * TC_LDS, *dp_row = dPs + r * TC_LDS;
+    bf16 *ds_row = dSs + r * TC_LDP;
+    for (int c = half; c < TC_TILE; c += 2) { /* alternate columns, as in the forward */
       float ds = 0.0f;
-      if (j_first + c <= t && t < S) {
+      if (j0 + c <= t && t < S) {
         float p = expf(s_row[c] * scale - lse_s[r]);
         ds = p * (dp_row[c] - delta_s[r]) * scale;
       }
@@ -234,9 +233,9 @@ __global__ void __launch_bounds__(TC_THREADS)
     wmma::store_matrix_sync(dQs + warp * 16 * LDO + n * 16, acc[n], LDO, wmma::mem_row_major);
   __syncwarp();
   if (t < S) {
-    float *row = dq + q_off + (size_t)t * q_stride + half * (D / 2);
-    const float *src = dQs + r * LDO + half * (D / 2);
-    for (int c = 0; c < D / 2; c++) row[c] = src[c];
+    float *row = dq + q_off + (size_t)t * q_stride;
+    const float *src = dQs + r * LDO;
+    for (int c = half; c < D; c += 2) row[c] = src[c];
   }
 }
 
@@ -284,18 +283,17 @@ __global__ void __launch_bounds__(TC_THREADS)
       warp_abt<DT>(Ss + warp * 16 * TC_LDS, TC_LDS, Ks + warp * 16 * LDH, LDH, Qs, LDH);
       warp_abt<DT>(dPs + warp * 16 * TC_LDS, TC_LDS, Vs + warp * 16 * LDH, LDH, dOs, LDH);
       __syncwarp();
-      int c_first = half * 32;
-      const float *s_row = Ss + r * TC_LDS + c_first, *dp_row = dPs + r * TC_LDS + c_first;
-      bf16 *p_row = Ps + r * TC_LDP + c_first, *ds_row = dSs + r * TC_LDP + c_first;
-      for (int c = 0; c < 32; c++) {
-        int col = c_first + c, t = i0 + col;
+      const float *s_row = Ss + r * TC_LDS, *dp_row = dPs + r * TC_LDS;
+      bf16 *p_row = Ps + r * TC_LDP, *ds_row = dSs + r * TC_LDP;
+      for (int col = half; col < TC_TILE; col += 2) { /* alternate query columns */
+        int t = i0 + col;
         float p = 0.0f, ds = 0.0f;
         if (t >= j && t < S) {
-          p = expf(s_row[c] * scale - lse_s[col]);
-          ds = p * (dp_row[c] - delta_s[col]) * scale;
+          p = expf(s_row[col] * scale - lse_s[col]);
+          ds = p * (dp_row[col] - delta_s[col]) * scale;
         }
-        p_row[c] = __float2bfloat16_rn(p);
-        ds_row[c] = __float2bfloat16_rn(ds);
+        p_row[col] = __float2bfloat16_rn(p);
+        ds_row[col] = __float2bfloat16_rn(ds);
       }
       __syncwarp();
       warp_ab<DT>(dv_acc, Ps + warp * 16 * TC_LDP, TC_LDP, dOs, LDH);
@@ -310,9 +308,9 @@ __global__ void __launch_bounds__(TC_THREADS)
   }
   __syncwarp();
   if (j < S) {
-    size_t at = kv_off + (size_t)j * kv_stride + half * (D / 2);
-    const float *src_k = dKs + r * LDO + half * (D / 2), *src_v = dVs + r * LDO + half * (D / 2);
-    for (int c = 0; c < D / 2; c++) {
+    size_t at = kv_off + (size_t)j * kv_stride;
+    const float *src_k = dKs + r * LDO, *src_v = dVs + r * LDO;
+    for (int c = half; c < D; c += 2) {
       dk[at + c] = src_k[c];
       dv[at + c] = src_v[c];
     }

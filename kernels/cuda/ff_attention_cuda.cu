@@ -1,9 +1,10 @@
 /* ff_attention_cuda.cu — the launchers of the fused fp32 attention kernels
- * (ff_attention_kernels.cuh, which describes them), and the checks of a shard's heads that every
- * attention of the CUDA backend makes. */
+ * (ff_attention_kernels.cuh, which describes them), and the check of a shard's head map that
+ * ff_kernels_cuda.cu makes before any of the three attentions (ff_attention.h). */
 #include <stdio.h>
 
 #include "../ff_kernels.h"
+#include "ff_attention.h"
 #include "ff_cuda_common.cuh"
 #include "ff_attention_kernels.cuh"
 
@@ -18,8 +19,6 @@ static void check_head_dim(int D) {
   }
 }
 
-/* Every local query head must map to a local kv head: a bad shard would read outside k and v.
- * Also the tensor-core kernels' check (ff_attention_tc_cuda.cu). */
 extern "C" void ff_cuda_attention_check_gqa(int Hq, int Hkv, int q_first, int kv_first, int group) {
   int lo = group > 0 ? q_first / group - kv_first : -1;
   int hi = group > 0 ? (q_first + Hq - 1) / group - kv_first : -1;
@@ -69,7 +68,6 @@ extern "C" void ff_cuda_attention_fwd(float *out, float *lse, const float *q, co
                                       int q_first, int kv_first, int group) {
   if (B <= 0 || S <= 0 || Hq <= 0) return;
   check_head_dim(D);
-  ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
   if (D <= 32) fwd_launch<1>(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
   else if (D <= 64) fwd_launch<2>(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
   else if (D <= 128) fwd_launch<4>(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
@@ -88,7 +86,6 @@ extern "C" void ff_cuda_attention_bwd(float *dq, float *dk, float *dv, const flo
     FF_CUDA_CHECK(cudaMemsetAsync(dv, 0, bytes, ff_cuda_stream()));
     return;
   }
-  ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
 #define FF_BWD(DL) \
   bwd_launch<DL>(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group)
   if (D <= 32) FF_BWD(1);

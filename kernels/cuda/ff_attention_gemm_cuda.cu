@@ -21,6 +21,8 @@
 #include <stdlib.h>
 
 #include "../ff_kernels.h"
+#include "ff_attention.h"
+#include "ff_attention_rows.cuh"
 #include "ff_cuda_common.cuh"
 
 enum {
@@ -108,11 +110,8 @@ __global__ void delta_kernel(float *delta, const float *dout, const float *out, 
   int64_t row = (int64_t)blockIdx.x * (blockDim.x / FF_WARP) + threadIdx.x / FF_WARP;
   if (row >= (int64_t)B * Hq * S) return;
   int t = (int)(row % S), h = (int)(row / S % Hq), b = (int)(row / ((int64_t)S * Hq));
-  const float *x = dout + (((size_t)b * S + t) * Hq + h) * D;
-  const float *y = out + (((size_t)b * S + t) * Hq + h) * D;
-  float s = 0.0f;
-  for (int c = threadIdx.x % FF_WARP; c < D; c += FF_WARP) s += x[c] * y[c];
-  s = ff_warp_sum(s);
+  size_t at = (((size_t)b * S + t) * Hq + h) * D;
+  float s = ff_attn_row_dot(dout + at, out + at, D);
   if (threadIdx.x % FF_WARP == 0) delta[row] = s;
 }
 
@@ -120,12 +119,10 @@ __global__ void delta_kernel(float *delta, const float *dout, const float *out, 
 __global__ void expand_kv_kernel(float *ke, float *ve, const float *k, const float *v, int B,
                                  int S, int Hq, int Hkv, int D, int q_first, int kv_first,
                                  int group) {
-  int64_t n = (int64_t)B * S * Hq * D;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
+  FF_GRID_STRIDE(i, (int64_t)B * S * Hq * D) {
     int c = (int)(i % D), h = (int)(i / D % Hq);
     int64_t bt = i / ((int64_t)D * Hq);
-    int hk = (q_first + h) / group - kv_first;
+    int hk = ff_attn_kv_head(h, q_first, kv_first, group);
     size_t from = ((size_t)bt * Hkv + hk) * D + c;
     ke[i] = k[from];
     ve[i] = v[from];
@@ -136,14 +133,12 @@ __global__ void expand_kv_kernel(float *ke, float *ve, const float *k, const flo
 __global__ void reduce_kv_kernel(float *dk, float *dv, const float *dke, const float *dve, int B,
                                  int S, int Hq, int Hkv, int D, int q_first, int kv_first,
                                  int group) {
-  int64_t n = (int64_t)B * S * Hkv * D;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
+  FF_GRID_STRIDE(i, (int64_t)B * S * Hkv * D) {
     int c = (int)(i % D), hk = (int)(i / D % Hkv);
     int64_t bt = i / ((int64_t)D * Hkv);
     float sk = 0.0f, sv = 0.0f;
     for (int h = 0; h < Hq; h++) {
-      if ((q_first + h) / group - kv_first != hk) continue;
+      if (ff_attn_kv_head(h, q_first, kv_first, group) != hk) continue;
       size_t from = ((size_t)bt * Hq + h) * D + c;
       sk += dke[from];
       sv += dve[from];

@@ -3,10 +3,9 @@
 #include <stdio.h>
 
 #include "../ff_kernels.h"
+#include "ff_attention.h"
 #include "ff_cuda_common.cuh"
 #include "ff_attention_tc_kernels.cuh"
-
-extern "C" void ff_cuda_attention_check_gqa(int Hq, int Hkv, int q_first, int kv_first, int group);
 
 /* ---- launchers -------------------------------------------------------------------------- */
 
@@ -60,7 +59,6 @@ extern "C" void ff_cuda_attention_tc_fwd(float *out, float *lse, const float *q,
                                          const float *v, int B, int S, int Hq, int Hkv, int D,
                                          int q_first, int kv_first, int group) {
   if (B <= 0 || S <= 0 || Hq <= 0) return;
-  ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
 #define FF_FWD(DT) fwd_launch<DT>(out, lse, q, k, v, B, S, Hq, Hkv, q_first, kv_first, group)
   switch (D / 16) {
   case 1: FF_FWD(1); break;
@@ -80,7 +78,6 @@ extern "C" void ff_cuda_attention_tc_bwd(float *dq, float *dk, float *dv, const 
                                          const float *k, const float *v, int B, int S, int Hq,
                                          int Hkv, int D, int q_first, int kv_first, int group) {
   if (B <= 0 || S <= 0 || Hq <= 0) return;
-  ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
 #define FF_BWD(DT) \
   bwd_launch<DT>(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, q_first, kv_first, group)
   switch (D / 16) {

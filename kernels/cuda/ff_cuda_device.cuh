@@ -53,6 +53,11 @@ struct ff_op_max {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
+/* for (i over [0, n)) with every thread of the grid taking every gridDim·blockDim-th element */
+#define FF_GRID_STRIDE(i, n)                                                                   \
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);                    \
+       i += (int64_t)gridDim.x * blockDim.x)
+
 /* Grid size for n elements at `threads` per block, capped so grid-stride loops cover the rest. */
 static inline unsigned ff_grid_for(int64_t n, int threads) {
   int64_t blocks = (n + threads - 1) / threads;

@@ -15,33 +15,9 @@
 #include <string.h>
 
 #include "../ff_kernels.h"
+#include "ff_attention.h"
 #include "ff_cuda_common.cuh"
 #include "ff_ops_kernels.cuh"
-
-extern "C" void ff_cuda_attention_fwd(float *out, float *lse, const float *q, const float *k,
-                                      const float *v, int B, int S, int Hq, int Hkv, int D,
-                                      int q_first, int kv_first, int group);
-extern "C" void ff_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout,
-                                      const float *out, const float *lse, const float *q,
-                                      const float *k, const float *v, int B, int S, int Hq,
-                                      int Hkv, int D, int q_first, int kv_first, int group);
-extern "C" void ff_cuda_attention_gemm_fwd(cublasHandle_t blas, cublasComputeType_t ct, float *out,
-                                           float *lse, const float *q, const float *k,
-                                           const float *v, int B, int S, int Hq, int Hkv, int D,
-                                           int q_first, int kv_first, int group);
-extern "C" void ff_cuda_attention_gemm_bwd(cublasHandle_t blas, cublasComputeType_t ct, float *dq,
-                                           float *dk, float *dv, const float *dout,
-                                           const float *out, const float *lse, const float *q,
-                                           const float *k, const float *v, int B, int S, int Hq,
-                                           int Hkv, int D, int q_first, int kv_first, int group);
-extern "C" bool ff_cuda_attention_tc_supports(int D);
-extern "C" void ff_cuda_attention_tc_fwd(float *out, float *lse, const float *q, const float *k,
-                                         const float *v, int B, int S, int Hq, int Hkv, int D,
-                                         int q_first, int kv_first, int group);
-extern "C" void ff_cuda_attention_tc_bwd(float *dq, float *dk, float *dv, const float *dout,
-                                         const float *out, const float *lse, const float *q,
-                                         const float *k, const float *v, int B, int S, int Hq,
-                                         int Hkv, int D, int q_first, int kv_first, int group);
 
 /* Which attention runs (FF_ATTENTION): the fused fp32 kernel, cuBLAS, or the tensor-core kernel
  * (bf16 math and head dimensions it supports only; the fused kernel otherwise). The default is
@@ -359,6 +335,7 @@ static bool tensor_attention(int D, int Hq) {
 static void attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                           int B, int S, int Hq, int Hkv, int D, int q_first, int kv_first,
                           int group) {
+  if (Hq > 0) ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
   int t = op_begin(OP_ATTENTION);
   if (g.attention == ATTENTION_GEMM)
     ff_cuda_attention_gemm_fwd(g.blas, compute_type(), out, lse, q, k, v, B, S, Hq, Hkv, D,
@@ -373,6 +350,7 @@ static void attention_fwd(float *out, float *lse, const float *q, const float *k
 static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
                           const float *lse, const float *q, const float *k, const float *v, int B,
                           int S, int Hq, int Hkv, int D, int q_first, int kv_first, int group) {
+  if (Hq > 0) ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
   int t = op_begin(OP_ATTENTION);
   if (g.attention == ATTENTION_GEMM)
     ff_cuda_attention_gemm_bwd(g.blas, compute_type(), dq, dk, dv, dout, out, lse, q, k, v, B, S,

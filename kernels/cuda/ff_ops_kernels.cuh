@@ -88,8 +88,7 @@ __global__ void rmsnorm_bwd_w_kernel(float *dw, const float *dout, const float *
 /* One thread per rotation pair; the angle in double, as the CPU backend computes it. */
 __global__ void rope_kernel(float *x, int S, int H, int D, float theta, float sign, int64_t pairs) {
   int half = D / 2;
-  for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < pairs;
-       idx += (int64_t)gridDim.x * blockDim.x) {
+  FF_GRID_STRIDE(idx, pairs) {
     int i = (int)(idx % half);
     int64_t row = idx / half; /* (b, s, h) */
     int s = (int)((row / H) % S);
@@ -102,19 +101,15 @@ __global__ void rope_kernel(float *x, int S, int H, int D, float theta, float si
   }
 }
 
-#define GRID_STRIDE(i, n)                                                                      \
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);                    \
-       i += (int64_t)gridDim.x * blockDim.x)
-
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __global__ void swiglu_fwd_kernel(float *out, const float *gate, const float *up, int64_t n) {
-  GRID_STRIDE(i, n) out[i] = gate[i] * sigmoidf_(gate[i]) * up[i];
+  FF_GRID_STRIDE(i, n) out[i] = gate[i] * sigmoidf_(gate[i]) * up[i];
 }
 
 __global__ void swiglu_bwd_kernel(float *dgate, float *dup, const float *dout, const float *gate,
                                   const float *up, int64_t n) {
-  GRID_STRIDE(i, n) {
+  FF_GRID_STRIDE(i, n) {
     float gt = gate[i], sg = sigmoidf_(gt), dy = dout[i], u = up[i];
     dup[i] = dy * gt * sg;
     dgate[i] = dy * u * sg * (1.0f + gt * (1.0f - sg));
@@ -122,14 +117,14 @@ __global__ void swiglu_bwd_kernel(float *dgate, float *dup, const float *dout, c
 }
 
 __global__ void add_kernel(float *out, const float *a, const float *b, int64_t n) {
-  GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+  FF_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
 
 __global__ void accumulate_kernel(float *out, const float *a, int64_t n) {
-  GRID_STRIDE(i, n) out[i] += a[i];
+  FF_GRID_STRIDE(i, n) out[i] += a[i];
 }
 
-__global__ void scale_kernel(float *x, float s, int64_t n) { GRID_STRIDE(i, n) x[i] *= s; }
+__global__ void scale_kernel(float *x, float s, int64_t n) { FF_GRID_STRIDE(i, n) x[i] *= s; }
 
 __global__ void ce_row_max_kernel(float *row_max, const float *logits, int V) {
   const float *z = logits + (size_t)blockIdx.x * V;
@@ -173,7 +168,7 @@ __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v
                              float beta1, float beta2, float eps, float decay, float step_size,
                              float bc2_sqrt, float grad_scale) {
   float one_minus_b1 = 1.0f - beta1, one_minus_b2 = 1.0f - beta2;
-  GRID_STRIDE(i, n) {
+  FF_GRID_STRIDE(i, n) {
     float gr = grad[i] * grad_scale;
     float mi = beta1 * m[i] + one_minus_b1 * gr;
     float vi = beta2 * v[i] + one_minus_b2 * gr * gr;
@@ -187,7 +182,7 @@ __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v
 /* Σ x² in double: SUMSQ_BLOCKS fixed partial sums, then one block adds them in order. */
 __global__ void sumsq_partial_kernel(double *partial, const float *x, int64_t n) {
   double s = 0.0;
-  GRID_STRIDE(i, n) s += (double)x[i] * x[i];
+  FF_GRID_STRIDE(i, n) s += (double)x[i] * x[i];
   s = ff_block_reduce(s, ff_op_sum(), 0.0);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
@@ -200,7 +195,7 @@ __global__ void sumsq_final_kernel(double *partial, int blocks) {
 }
 
 __global__ void to_bf16_kernel(uint16_t *dst, const float *src, int64_t n) {
-  GRID_STRIDE(i, n) {
+  FF_GRID_STRIDE(i, n) {
     uint32_t bits = __float_as_uint(src[i]);
     dst[i] = (bits & 0x7fffffffu) > 0x7f800000u
                  ? (uint16_t)((bits >> 16) | 0x0040u)
@@ -209,7 +204,7 @@ __global__ void to_bf16_kernel(uint16_t *dst, const float *src, int64_t n) {
 }
 
 __global__ void from_bf16_kernel(float *dst, const uint16_t *src, int64_t n) {
-  GRID_STRIDE(i, n) dst[i] = __uint_as_float((uint32_t)src[i] << 16);
+  FF_GRID_STRIDE(i, n) dst[i] = __uint_as_float((uint32_t)src[i] << 16);
 }
 
 /* AdamW's step-dependent factors, computed on the host as the CPU backend computes them. */

@@ -110,8 +110,10 @@ static void measure_compute(measure *m, const ff_kernels *k, const ff_model *mod
       most = need;
   }
   float *buf = k->alloc(most * sizeof(float));
-  /* a GPU measures its matmuls in fp32 and on bf16 tensor cores; a CPU in fp32 */
+  /* a GPU measures its matmuls in fp32 and on bf16 operands (tensor cores), as bf16 plans run
+   * them; a CPU in fp32 */
   int passes = m->gpu[0] ? 2 : 1;
+  uint16_t *half = m->gpu[0] ? k->alloc(most * sizeof(uint16_t)) : NULL;
   m->n_gemm = 0;
   for (int pass = 0; pass < passes && buf; pass++) {
     if (m->gpu[0]) {
@@ -121,7 +123,13 @@ static void measure_compute(measure *m, const ff_kernels *k, const ff_model *mod
     for (int i = 0; i < n; i++) {
       int M = (int)shapes[i][0], N = (int)shapes[i][1], K = (int)shapes[i][2];
       float *a = buf, *w = a + (size_t)M * K, *c = w + (size_t)N * K;
-      double t = TIME_IT(k, m->slowdown, k->matmul_fwd(c, a, w, M, K, N));
+      double t;
+      if (pass == 1 && half) {
+        k->to_bf16(half, buf, (int64_t)(M * K + N * K));
+        t = TIME_IT(k, m->slowdown, k->matmul_fwd_bf16(c, half, half + (size_t)M * K, M, K, N));
+      } else {
+        t = TIME_IT(k, m->slowdown, k->matmul_fwd(c, a, w, M, K, N));
+      }
       int g = m->n_gemm++;
       memcpy(m->gemm_shape[g], shapes[i], sizeof shapes[i]);
       m->gemm_tflops[g] = 2.0 * M * N * K / t / 1e12;
@@ -129,6 +137,7 @@ static void measure_compute(measure *m, const ff_kernels *k, const ff_model *mod
     }
   }
   k->release(buf);
+  k->release(half);
   int64_t len = 16 << 20;
   float *x = k->alloc((size_t)len * 3 * sizeof(float));
   if (x) {

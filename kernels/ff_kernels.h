@@ -29,8 +29,9 @@ typedef struct ff_kernel_memory {
   int64_t device_used_bytes, device_total_bytes; /* whole device, all processes; 0 on the CPU */
 } ff_kernel_memory;
 
-/* How the CUDA backend's matmuls compute (storage is fp32 either way): fp32 on CUDA cores, or
- * bf16 tensor cores with fp32 accumulation (inputs rounded to bf16 inside cuBLAS). */
+/* How the CUDA backend's fp32 matmuls and attention compute: fp32 on CUDA cores, or bf16
+ * tensor cores with fp32 accumulation (fp32 operands rounded to bf16 inside cuBLAS). The bf16
+ * matmuls below take bf16 operands and run on tensor cores under either. */
 typedef enum ff_kernel_math { FF_MATH_FP32, FF_MATH_BF16 } ff_kernel_math;
 
 typedef struct ff_kernels {
@@ -60,6 +61,13 @@ typedef struct ff_kernels {
    * dw(Out, In) += dout(N, Out)ᵀ · inp(N, In) */
   void (*matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                      int N, int In, int Out);
+  /* The same two on bf16 operands (bit patterns as to_bf16 makes them), products accumulated
+   * in fp32 into fp32 outputs: what bf16 plans run, with a bf16 copy of the weights, the
+   * inputs as saved for the backward and the output gradients rounded to bf16. */
+  void (*matmul_fwd_bf16)(float *out, const uint16_t *inp, const uint16_t *w, int N, int In,
+                          int Out);
+  void (*matmul_bwd_bf16)(float *dinp, float *dw, const uint16_t *dout, const uint16_t *inp,
+                          const uint16_t *w, int N, int In, int Out);
 
   /* out(N, C) = table[tok - vocab_first] for tokens in [vocab_first, vocab_end), else 0 (a
    * vocabulary shard; the TP group sums the partial rows). table is (vocab_end-vocab_first, C). */

@@ -1,13 +1,15 @@
-/* ff_kernels_cpu.c — the CPU backend of ff_kernels.h: fp32 throughout, matmuls through OpenBLAS
- * (cblas_sgemm), everything else plain C loops over contiguous rows, written so the compiler can
- * vectorise them (restrict pointers, reductions split into CPU_LANES partial sums).
+/* ff_kernels_cpu.c — the CPU backend of ff_kernels.h: fp32 arithmetic throughout (bf16 operands
+ * are unpacked exactly), matmuls through OpenBLAS (cblas_sgemm), everything else plain C loops
+ * over contiguous rows, written so the compiler can vectorise them (restrict pointers,
+ * reductions split into CPU_LANES partial sums).
  *
  * Deterministic by construction: no threads in these loops and every reduction runs in a fixed
  * order, so the same inputs give the same bits (OpenBLAS splits sgemm over output blocks, not
  * over the reduction, so its threads do not change the bits either).
  *
  * Nothing here allocates except `alloc`: attention keeps a small fixed tile of scores on the
- * stack and combines tiles with an online softmax, so memory does not grow with S².
+ * stack and combines tiles with an online softmax, so memory does not grow with S², and the
+ * bf16 matmuls unpack their operands a fixed block at a time into static tiles.
  * Pointers marked restrict must not alias; the header allows only add's out == a and
  * ce_loss_grad's dlogits == logits, and those two are written without restrict. */
 #include <assert.h>
@@ -28,6 +30,7 @@ enum {
   CPU_LANES = 8,    /* partial sums per reduction: the compiler maps them onto one vector */
   ATTN_TILE = 128,  /* keys per tile of scores kept on the stack in attention_fwd */
   ROPE_CHUNK = 128, /* rotation pairs whose cos/sin are kept on the stack at once */
+  BF16_TILE = 256,  /* rows and columns of a bf16 matmul block unpacked to fp32 at once */
 };
 
 /* ---- memory ----------------------------------------------------------------------------- */
@@ -146,6 +149,66 @@ static void matmul_bwd_untimed(float *dinp, float *dw, const float *dout, const 
   if (dw)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Out, In, N, 1.0f, dout, Out, inp, In, 1.0f,
                 dw, In);
+}
+
+/* Row-major C(M, N) = op(A) · op(B) + beta · C on bf16 operands, in blocks of BF16_TILE along
+ * each dimension: a block of each operand is unpacked to fp32 (exactly) into a static tile and
+ * multiplied by sgemm, the K blocks accumulating into C in order. Tiles keep memory fixed
+ * ("nothing allocates"); unpacking costs one pass per BF16_TILE multiply-adds of a block. */
+static float bf16_tile_a[BF16_TILE * BF16_TILE], bf16_tile_b[BF16_TILE * BF16_TILE];
+
+/* rows × cols of src (row-major, ld) at (r0, c0) into tile (row-major, ld cols) */
+static void unpack_block(float *restrict tile, const uint16_t *restrict src, int64_t ld, int r0,
+                         int c0, int rows, int cols) {
+  for (int r = 0; r < rows; r++) {
+    const uint16_t *row = src + (int64_t)(r0 + r) * ld + c0;
+    float *out = tile + (int64_t)r * cols;
+    for (int c = 0; c < cols; c++) {
+      uint32_t bits = (uint32_t)row[c] << 16;
+      memcpy(&out[c], &bits, sizeof bits);
+    }
+  }
+}
+
+static void gemm_bf16(bool ta, bool tb, int M, int N, int K, const uint16_t *A, int lda,
+                      const uint16_t *B, int ldb, float beta, float *C, int ldc) {
+  for (int m0 = 0; m0 < M; m0 += BF16_TILE)
+    for (int n0 = 0; n0 < N; n0 += BF16_TILE)
+      for (int k0 = 0; k0 < K; k0 += BF16_TILE) {
+        int mb = M - m0 < BF16_TILE ? M - m0 : BF16_TILE;
+        int nb = N - n0 < BF16_TILE ? N - n0 : BF16_TILE;
+        int kb = K - k0 < BF16_TILE ? K - k0 : BF16_TILE;
+        /* op(A) is (M, K): A is (M, K), or (K, M) when transposed; op(B) likewise (K, N) */
+        if (ta) unpack_block(bf16_tile_a, A, lda, k0, m0, kb, mb);
+        else unpack_block(bf16_tile_a, A, lda, m0, k0, mb, kb);
+        if (tb) unpack_block(bf16_tile_b, B, ldb, n0, k0, nb, kb);
+        else unpack_block(bf16_tile_b, B, ldb, k0, n0, kb, nb);
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    mb, nb, kb, 1.0f, bf16_tile_a, ta ? mb : kb, bf16_tile_b, tb ? kb : nb,
+                    k0 == 0 ? beta : 1.0f, C + (int64_t)m0 * ldc + n0, ldc);
+      }
+}
+
+static void matmul_fwd_bf16_untimed(float *out, const uint16_t *inp, const uint16_t *w, int N,
+                                    int In, int Out) {
+  if (N <= 0 || Out <= 0) return;
+  if (In <= 0) {
+    memset(out, 0, (size_t)N * (size_t)Out * sizeof *out);
+    return;
+  }
+  gemm_bf16(false, true, N, Out, In, inp, In, w, In, 0.0f, out, Out);
+}
+
+static void matmul_bwd_bf16_untimed(float *dinp, float *dw, const uint16_t *dout,
+                                    const uint16_t *inp, const uint16_t *w, int N, int In,
+                                    int Out) {
+  if (N <= 0 || In <= 0) return;
+  if (Out <= 0) {
+    if (dinp) memset(dinp, 0, (size_t)N * (size_t)In * sizeof *dinp);
+    return;
+  }
+  if (dinp) gemm_bf16(false, false, N, In, Out, dout, Out, w, In, 0.0f, dinp, In);
+  if (dw) gemm_bf16(true, false, Out, In, N, dout, Out, inp, In, 1.0f, dw, In);
 }
 
 /* ---- embedding -------------------------------------------------------------------------- */
@@ -501,34 +564,44 @@ static void from_bf16(float *restrict dst, const uint16_t *restrict src, int64_t
 
 /* ---- timed entry points ----------------------------------------------------------------- */
 
+#define TIMED(seconds, call)                                                                   \
+  do {                                                                                         \
+    double t_ = wall_seconds();                                                                \
+    call;                                                                                      \
+    (seconds) += wall_seconds() - t_;                                                          \
+  } while (0)
+
 static void matmul_fwd(float *out, const float *inp, const float *w, int N, int In, int Out) {
-  double t = wall_seconds();
-  matmul_fwd_untimed(out, inp, w, N, In, Out);
-  cpu_matmul_seconds += wall_seconds() - t;
+  TIMED(cpu_matmul_seconds, matmul_fwd_untimed(out, inp, w, N, In, Out));
 }
 
 static void matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
                        const float *w, int N, int In, int Out) {
-  double t = wall_seconds();
-  matmul_bwd_untimed(dinp, dw, dout, inp, w, N, In, Out);
-  cpu_matmul_seconds += wall_seconds() - t;
+  TIMED(cpu_matmul_seconds, matmul_bwd_untimed(dinp, dw, dout, inp, w, N, In, Out));
+}
+
+static void matmul_fwd_bf16(float *out, const uint16_t *inp, const uint16_t *w, int N, int In,
+                            int Out) {
+  TIMED(cpu_matmul_seconds, matmul_fwd_bf16_untimed(out, inp, w, N, In, Out));
+}
+
+static void matmul_bwd_bf16(float *dinp, float *dw, const uint16_t *dout, const uint16_t *inp,
+                            const uint16_t *w, int N, int In, int Out) {
+  TIMED(cpu_matmul_seconds, matmul_bwd_bf16_untimed(dinp, dw, dout, inp, w, N, In, Out));
 }
 
 static void attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                           int B, int S, int Hq, int Hkv, int D, int q_first, int kv_first,
                           int group) {
-  double t = wall_seconds();
-  attention_fwd_untimed(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
-  cpu_attention_seconds += wall_seconds() - t;
+  TIMED(cpu_attention_seconds,
+        attention_fwd_untimed(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group));
 }
 
 static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
                           const float *lse, const float *q, const float *k, const float *v, int B,
                           int S, int Hq, int Hkv, int D, int q_first, int kv_first, int group) {
-  double t = wall_seconds();
-  attention_bwd_untimed(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first,
-                        group);
-  cpu_attention_seconds += wall_seconds() - t;
+  TIMED(cpu_attention_seconds, attention_bwd_untimed(dq, dk, dv, dout, out, lse, q, k, v, B, S,
+                                                     Hq, Hkv, D, q_first, kv_first, group));
 }
 
 /* ---- the table -------------------------------------------------------------------------- */
@@ -548,6 +621,8 @@ static const ff_kernels cpu_kernels = {
     .op_seconds = cpu_op_seconds,
     .matmul_fwd = matmul_fwd,
     .matmul_bwd = matmul_bwd,
+    .matmul_fwd_bf16 = matmul_fwd_bf16,
+    .matmul_bwd_bf16 = matmul_bwd_bf16,
     .embedding_fwd = embedding_fwd,
     .embedding_bwd = embedding_bwd,
     .rmsnorm_fwd = rmsnorm_fwd,

@@ -1,7 +1,8 @@
 /* ff_kernels_cuda.cu — the CUDA backend of ff_kernels.h: device memory, matmuls through
  * cuBLASLt, and a kernel per remaining operation, all on one stream per process. Storage is fp32
- * like the CPU backend, so the two are compared element for element; with FF_MATH_BF16 the
- * matmuls run on bf16 tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF).
+ * like the CPU backend, so the two are compared element for element, but for the operands of
+ * the bf16 matmuls (bf16 tensor cores, fp32 accumulation), which bf16 plans run; with
+ * FF_MATH_BF16 the fp32 matmuls run on bf16 tensor cores too (CUBLAS_COMPUTE_32F_FAST_16BF).
  * The kernels of the operations other than matmuls and attention are in ff_ops_kernels.cuh.
  * Attention runs under bf16 math in ff_attention_tc_cuda.cu (fused, bf16 tensor cores), under
  * fp32 math or with FF_ATTENTION=fused in ff_attention_cuda.cu (fused, fp32), or with
@@ -34,6 +35,7 @@ enum { OP_MATMUL, OP_ATTENTION, OP_KINDS };
 
 typedef struct gemm_entry {
   int ta, tb, m, n, k, lda, ldb, ldc, accumulate, align_a, align_b, align_c;
+  int bf16; /* operands A and B in bf16 (C stays fp32) */
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t a, b, c;
   cublasLtMatmulAlgo_t algo;
@@ -212,8 +214,13 @@ static void cuda_memory(ff_kernel_memory *out) {
 static int alignment_of(const void *p) {
   uintptr_t a = (uintptr_t)p;
   int align = 16;
-  while (align > 4 && a % (uintptr_t)align) align /= 2;
+  while (align > 2 && a % (uintptr_t)align) align /= 2;
   return align;
+}
+
+/* bf16 operands accumulate in fp32; fp32 operands under bf16 math are rounded by cuBLAS. */
+static cublasComputeType_t gemm_compute(bool bf16) {
+  return !bf16 && g.math == FF_MATH_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
 }
 
 /* Descriptors and the heuristic's algorithm for one shape, made on first use. */
@@ -223,7 +230,7 @@ static gemm_entry *gemm_plan(const gemm_entry *key) {
     if (e->ta == key->ta && e->tb == key->tb && e->m == key->m && e->n == key->n &&
         e->k == key->k && e->lda == key->lda && e->ldb == key->ldb && e->ldc == key->ldc &&
         e->accumulate == key->accumulate && e->align_a == key->align_a &&
-        e->align_b == key->align_b && e->align_c == key->align_c)
+        e->align_b == key->align_b && e->align_c == key->align_c && e->bf16 == key->bf16)
       return e;
   }
   gemm_entry *e = g.n_gemm < GEMM_CACHE ? &g.gemm[g.n_gemm++] : &g.gemm[GEMM_CACHE - 1];
@@ -234,15 +241,14 @@ static gemm_entry *gemm_plan(const gemm_entry *key) {
     cublasLtMatmulDescDestroy(e->op);
   }
   *e = *key;
-  cublasComputeType_t compute =
-      g.math == FF_MATH_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
-  FF_CUBLAS_CHECK(cublasLtMatmulDescCreate(&e->op, compute, CUDA_R_32F));
+  FF_CUBLAS_CHECK(cublasLtMatmulDescCreate(&e->op, gemm_compute(e->bf16), CUDA_R_32F));
   cublasOperation_t ta = e->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = e->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   FF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   FF_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  FF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->a, CUDA_R_32F, e->ta ? e->k : e->m,
+  cudaDataType_t operand = e->bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  FF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->a, operand, e->ta ? e->k : e->m,
                                              e->ta ? e->m : e->k, e->lda));
-  FF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->b, CUDA_R_32F, e->tb ? e->n : e->k,
+  FF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->b, operand, e->tb ? e->n : e->k,
                                              e->tb ? e->k : e->n, e->ldb));
   FF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->c, CUDA_R_32F, e->m, e->n, e->ldc));
   cublasLtMatmulPreference_t pref;
@@ -271,13 +277,14 @@ static gemm_entry *gemm_plan(const gemm_entry *key) {
   return e;
 }
 
-/* Column-major C(m, n) = op(A) · op(B) (+ C when accumulate), cuBLAS's convention. */
-static void gemm(int ta, int tb, int m, int n, int k, const float *A, int lda, const float *B,
-                 int ldb, bool accumulate, float *C, int ldc) {
+/* Column-major C(m, n) = op(A) · op(B) (+ C when accumulate), cuBLAS's convention; A and B are
+ * fp32, or bf16 when `bf16`. */
+static void gemm(int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
+                 int ldb, bool accumulate, float *C, int ldc, bool bf16) {
   gemm_entry key;
   memset(&key, 0, sizeof key);
   key.ta = ta; key.tb = tb; key.m = m; key.n = n; key.k = k;
-  key.lda = lda; key.ldb = ldb; key.ldc = ldc; key.accumulate = accumulate;
+  key.lda = lda; key.ldb = ldb; key.ldc = ldc; key.accumulate = accumulate; key.bf16 = bf16;
   key.align_a = alignment_of(A); key.align_b = alignment_of(B); key.align_c = alignment_of(C);
   gemm_entry *e = gemm_plan(&key);
   float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -286,45 +293,62 @@ static void gemm(int ta, int tb, int m, int n, int k, const float *A, int lda, c
                                    &e->algo, g.workspace, WORKSPACE_BYTES, g.stream));
     return;
   }
-  cublasComputeType_t compute =
-      g.math == FF_MATH_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+  cudaDataType_t operand = bf16 ? CUDA_R_16BF : CUDA_R_32F;
   FF_CUBLAS_CHECK(cublasGemmEx(g.blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                               m, n, k, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, C,
-                               CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+                               m, n, k, &alpha, A, operand, lda, B, operand, ldb, &beta, C,
+                               CUDA_R_32F, ldc, gemm_compute(bf16), CUBLAS_GEMM_DEFAULT));
 }
 
 /* Row-major X(r, c) is column-major Xᵀ(c, r) with ld c, so each row-major product below is
  * written as its transpose. */
 
-/* out(N, Out) = inp(N, In) · w(Out, In)ᵀ  ⇔  outᵀ(Out, N) = w · inpᵀ */
-static void matmul_fwd(float *out, const float *inp, const float *w, int N, int In, int Out) {
+/* out(N, Out) = inp(N, In) · w(Out, In)ᵀ  ⇔  outᵀ(Out, N) = w · inpᵀ; operands fp32, or bf16
+ * when `bf16` */
+static void matmul_forward(float *out, const void *inp, const void *w, int N, int In, int Out,
+                           bool bf16) {
   if (N <= 0 || Out <= 0) return;
   if (In <= 0) {
     cuda_zero(out, (size_t)N * (size_t)Out * sizeof *out);
     return;
   }
   int t = op_begin(OP_MATMUL);
-  gemm(1, 0, Out, N, In, w, In, inp, In, false, out, Out);
+  gemm(1, 0, Out, N, In, w, In, inp, In, false, out, Out, bf16);
   op_end(t);
 }
 
 /* dinp(N, In) = dout · w  ⇔  dinpᵀ(In, N) = wᵀ · doutᵀ;
  * dw(Out, In) += doutᵀ · inp  ⇔  dwᵀ(In, Out) += inpᵀ · dout */
-static void matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
-                       const float *w, int N, int In, int Out) {
+static void matmul_backward(float *dinp, float *dw, const void *dout, const void *inp,
+                            const void *w, int N, int In, int Out, bool bf16) {
   if (N <= 0 || In <= 0) return;
   if (Out <= 0) {
     if (dinp) cuda_zero(dinp, (size_t)N * (size_t)In * sizeof *dinp);
     return;
   }
   int t = op_begin(OP_MATMUL);
-  if (dinp) gemm(0, 0, In, N, Out, w, In, dout, Out, false, dinp, In);
-  if (dw) gemm(0, 1, In, Out, N, inp, In, dout, Out, true, dw, In);
+  if (dinp) gemm(0, 0, In, N, Out, w, In, dout, Out, false, dinp, In, bf16);
+  if (dw) gemm(0, 1, In, Out, N, inp, In, dout, Out, true, dw, In, bf16);
   op_end(t);
 }
 
-static cublasComputeType_t compute_type(void) {
-  return g.math == FF_MATH_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+static void matmul_fwd(float *out, const float *inp, const float *w, int N, int In, int Out) {
+  matmul_forward(out, inp, w, N, In, Out, false);
+}
+
+static void matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                       const float *w, int N, int In, int Out) {
+  matmul_backward(dinp, dw, dout, inp, w, N, In, Out, false);
+}
+
+/* The same products on bf16 operands: tensor cores, fp32 accumulation, fp32 outputs. */
+static void matmul_fwd_bf16(float *out, const uint16_t *inp, const uint16_t *w, int N, int In,
+                            int Out) {
+  matmul_forward(out, inp, w, N, In, Out, true);
+}
+
+static void matmul_bwd_bf16(float *dinp, float *dw, const uint16_t *dout, const uint16_t *inp,
+                            const uint16_t *w, int N, int In, int Out) {
+  matmul_backward(dinp, dw, dout, inp, w, N, In, Out, true);
 }
 
 static bool tensor_attention(int D, int Hq) {
@@ -338,7 +362,7 @@ static void attention_fwd(float *out, float *lse, const float *q, const float *k
   if (Hq > 0) ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
   int t = op_begin(OP_ATTENTION);
   if (g.attention == ATTENTION_GEMM)
-    ff_cuda_attention_gemm_fwd(g.blas, compute_type(), out, lse, q, k, v, B, S, Hq, Hkv, D,
+    ff_cuda_attention_gemm_fwd(g.blas, gemm_compute(false), out, lse, q, k, v, B, S, Hq, Hkv, D,
                                q_first, kv_first, group);
   else if (tensor_attention(D, Hq))
     ff_cuda_attention_tc_fwd(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
@@ -353,8 +377,8 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
   if (Hq > 0) ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
   int t = op_begin(OP_ATTENTION);
   if (g.attention == ATTENTION_GEMM)
-    ff_cuda_attention_gemm_bwd(g.blas, compute_type(), dq, dk, dv, dout, out, lse, q, k, v, B, S,
-                               Hq, Hkv, D, q_first, kv_first, group);
+    ff_cuda_attention_gemm_bwd(g.blas, gemm_compute(false), dq, dk, dv, dout, out, lse, q, k, v,
+                               B, S, Hq, Hkv, D, q_first, kv_first, group);
   else if (tensor_attention(D, Hq))
     ff_cuda_attention_tc_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first,
                              kv_first, group);
@@ -500,9 +524,9 @@ static const ff_kernels cuda_kernels = {
     /* .name = */ "cuda",
     /* .host_memory = */ false,
     cuda_alloc, cuda_release, cuda_zero, cuda_copy, cuda_copy, cuda_alloc_host, cuda_release_host,
-    cuda_sync, cuda_memory, cuda_op_seconds, matmul_fwd, matmul_bwd, embedding_fwd,
-    embedding_bwd, rmsnorm_fwd, rmsnorm_bwd, rope_fwd, rope_bwd, attention_fwd, attention_bwd,
-    swiglu_fwd, swiglu_bwd, add, accumulate, scale, ce_row_max, ce_row_sum, ce_loss_grad, adamw,
+    cuda_sync, cuda_memory, cuda_op_seconds, matmul_fwd, matmul_bwd, matmul_fwd_bf16,
+    matmul_bwd_bf16, embedding_fwd, embedding_bwd, rmsnorm_fwd, rmsnorm_bwd, rope_fwd, rope_bwd,
+    attention_fwd, attention_bwd, swiglu_fwd, swiglu_bwd, add, accumulate, scale, ce_row_max, ce_row_sum, ce_loss_grad, adamw,
     sum_squares, cuda_copy_rows, to_bf16, from_bf16,
 };
 

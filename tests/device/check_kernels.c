@@ -123,6 +123,53 @@ static int32_t *tokens_pair(int n, int vocab, int32_t **dev) {
 
 /* ---- the operations -------------------------------------------------------------------- */
 
+/* bf16 copies of a pair's values, on both backends (rounded on the CPU: check_bf16 shows the two
+ * roundings agree bit for bit). */
+static uint16_t *halves(pair p, uint16_t **dev) {
+  uint16_t *h = cpu->alloc((size_t)p.n * 2);
+  *dev = gpu->alloc((size_t)p.n * 2);
+  if (!h || !*dev) {
+    fprintf(stderr, "check_kernels: out of memory\n");
+    exit(1);
+  }
+  cpu->to_bf16(h, p.c, p.n);
+  gpu->to_device(*dev, h, (size_t)p.n * 2);
+  return h;
+}
+
+/* The matmuls on bf16 operands, under either math: both sides multiply the same bf16 values and
+ * accumulate in fp32, so only the order of the sums differs (and tensor cores may round their
+ * partial sums): 1e-4. */
+static void check_matmul_bf16(int N, int In, int Out, int offset) {
+  char name[96];
+  pair x = make((int64_t)N * In + offset, 1), w = make((int64_t)Out * In + offset, 0.5);
+  pair dy = make((int64_t)N * Out + offset, 1);
+  pair y = output((int64_t)N * Out + offset), dx = output((int64_t)N * In + offset);
+  pair dw = make((int64_t)Out * In + offset, 0.1);
+  uint16_t *xg, *wg, *dyg, *xc = halves(x, &xg), *wc = halves(w, &wg), *dyc = halves(dy, &dyg);
+  cpu->matmul_fwd_bf16(y.c + offset, xc + offset, wc + offset, N, In, Out);
+  gpu->matmul_fwd_bf16(y.g + offset, xg + offset, wg + offset, N, In, Out);
+  cpu->matmul_bwd_bf16(dx.c + offset, dw.c + offset, dyc + offset, xc + offset, wc + offset, N,
+                       In, Out);
+  gpu->matmul_bwd_bf16(dx.g + offset, dw.g + offset, dyg + offset, xg + offset, wg + offset, N,
+                       In, Out);
+  if (offset) { /* the skipped leading elements are not outputs */
+    for (int i = 0; i < offset; i++) y.c[i] = dx.c[i] = 0;
+    gpu->zero(y.g, (size_t)offset * 4);
+    gpu->zero(dx.g, (size_t)offset * 4);
+  }
+  const char *odd = offset ? " unaligned" : "";
+  snprintf(name, sizeof name, "matmul_fwd_bf16 %dx%dx%d%s", N, In, Out, odd);
+  check(name, y, 1e-4);
+  snprintf(name, sizeof name, "matmul_bwd_bf16 dinp %dx%dx%d%s", N, In, Out, odd);
+  check(name, dx, 1e-4);
+  snprintf(name, sizeof name, "matmul_bwd_bf16 dw += %dx%dx%d%s", N, In, Out, odd);
+  check(name, dw, 1e-4);
+  cpu->release(xc), cpu->release(wc), cpu->release(dyc);
+  gpu->release(xg), gpu->release(wg), gpu->release(dyg);
+  drop(x), drop(w), drop(dy), drop(y), drop(dx), drop(dw);
+}
+
 static void check_matmul(int N, int In, int Out, int offset) {
   char name[96];
   pair x = make((int64_t)N * In + offset, 1), w = make((int64_t)Out * In + offset, 0.5);
@@ -343,6 +390,9 @@ int main(int argc, char **argv) {
   check_matmul(154, 96, 200, 0);
   check_matmul(77, 64, 172, 1);
   check_matmul(512, 2048, 5632, 0);
+  check_matmul_bf16(154, 96, 200, 0);
+  check_matmul_bf16(77, 64, 172, 1);              /* operands 2 bytes off alignment */
+  check_matmul_bf16(512, 2048, 5632, 0);
   if (self) check_the_checker();
   check_copy_rows(33, 40, 96);
   check_bf16(100003);

@@ -210,6 +210,51 @@ static void matmul_bwd_with_null_dinp_only_accumulates_dw(void **state) {
   free(inp), free(w), free(dout), free(dw_alone), free(dw_both), free(dinp);
 }
 
+/* The bf16 matmuls compute exactly what the fp32 ones do on the bf16 values: checked on shapes
+ * that span several of the CPU backend's 256-wide blocks in every dimension, with ragged ends. */
+enum { BM_N = 300, BM_I = 520, BM_O = 270 };
+
+static uint16_t *bf16_random(int64_t n, uint64_t seed, double **exact) {
+  float *x = frandom(n, 1.0f, seed), *back = fvec(n);
+  uint16_t *h = calloc((size_t)n, sizeof *h);
+  assert_non_null(h);
+  K->to_bf16(h, x, n);
+  K->from_bf16(back, h, n);
+  *exact = widen(back, n);
+  free(x), free(back);
+  return h;
+}
+
+static void bf16_matmuls_match_float64_on_the_bf16_values(void **state) {
+  (void)state;
+  double *inp_d, *w_d, *dout_d;
+  uint16_t *inp = bf16_random(BM_N * BM_I, 41, &inp_d), *w = bf16_random(BM_O * BM_I, 42, &w_d);
+  uint16_t *dout = bf16_random(BM_N * BM_O, 43, &dout_d);
+  float *out = ffill(BM_N * BM_O, GARBAGE), *dinp = ffill(BM_N * BM_I, GARBAGE);
+  float *dw = ffill(BM_O * BM_I, 0.5f), *dw_only = ffill(BM_O * BM_I, 0.5f);
+  double *want = dvec(BM_N * BM_O), *want_dinp = dvec(BM_N * BM_I), *want_dw = dvec(BM_O * BM_I);
+  ref_matmul(want, inp_d, w_d, BM_N, BM_I, BM_O);
+  for (int n = 0; n < BM_N; n++)
+    for (int o = 0; o < BM_O; o++)
+      for (int i = 0; i < BM_I; i++) {
+        want_dinp[n * BM_I + i] += dout_d[n * BM_O + o] * w_d[o * BM_I + i];
+        want_dw[o * BM_I + i] += dout_d[n * BM_O + o] * inp_d[n * BM_I + i];
+      }
+  for (int j = 0; j < BM_O * BM_I; j++) want_dw[j] += 0.5; /* dw accumulates */
+  K->matmul_fwd_bf16(out, inp, w, BM_N, BM_I, BM_O);
+  assert_close("out", out, want, BM_N * BM_O, TOL);
+  K->matmul_bwd_bf16(dinp, dw, dout, inp, w, BM_N, BM_I, BM_O);
+  assert_close("dinp", dinp, want_dinp, BM_N * BM_I, TOL);
+  assert_close("dw", dw, want_dw, BM_O * BM_I, TOL);
+  K->matmul_bwd_bf16(NULL, dw_only, dout, inp, w, BM_N, BM_I, BM_O);
+  assert_memory_equal(dw_only, dw, BM_O * BM_I * sizeof(float));
+  /* an empty reduction writes zeros */
+  K->matmul_fwd_bf16(out, inp, w, BM_N, 0, BM_O);
+  for (int j = 0; j < BM_N * BM_O; j++) assert_true(out[j] == 0.0f);
+  free(inp), free(w), free(dout), free(out), free(dinp), free(dw), free(dw_only);
+  free(inp_d), free(w_d), free(dout_d), free(want), free(want_dinp), free(want_dw);
+}
+
 /* ---- embedding -------------------------------------------------------------------------- */
 
 enum { EMB_N = 7, EMB_C = 8, EMB_FIRST = 3, EMB_END = 7 }; /* a shard of rows [3, 7) of 10 */
@@ -862,6 +907,7 @@ int main(void) {
       cmocka_unit_test(matmul_fwd_is_inp_times_w_transposed),
       cmocka_unit_test(matmul_bwd_matches_finite_differences_and_accumulates_dw),
       cmocka_unit_test(matmul_bwd_with_null_dinp_only_accumulates_dw),
+      cmocka_unit_test(bf16_matmuls_match_float64_on_the_bf16_values),
       cmocka_unit_test(embedding_fwd_copies_shard_rows_and_zeros_tokens_off_the_shard),
       cmocka_unit_test(embedding_bwd_adds_dout_to_shard_rows_and_ignores_tokens_off_the_shard),
       cmocka_unit_test(rmsnorm_fwd_scales_rows_by_reciprocal_rms_and_weight),

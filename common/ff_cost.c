@@ -72,7 +72,7 @@ double ff_mem_activation_layer_bytes(double s, double b, double h, double a, dou
 
 double ff_mem_bytes_per_param(ff_precision p, bool zero1, int dp) {
   double d = zero1 && dp > 1 ? (double)dp : 1.0;
-  if (p == FF_PRECISION_BF16 && zero1)
+  if (p == FF_PRECISION_BF16)
     return 2.0 + 4.0 + (4.0 + 8.0) / d; /* bf16 weights, fp32 grads; master and moments */
   return 4.0 + 4.0 + 8.0 / d;           /* fp32 weights and grads; moments */
 }
@@ -116,11 +116,19 @@ double ff_mem_stage_buffer_bytes(const ff_model *m, ff_shard sh, double b, ff_pr
   if (2.0 * q + 2.0 * k > a)
     a = 2.0 * q + 2.0 * k;
   floats += n * (a + 2.0 * h); /* the backward's temporaries */
+  if (bf16) {                  /* the widest matmul output gradient, rounded to bf16 */
+    double widest = h > sh.ffn ? h : sh.ffn;
+    widest = q > widest ? q : widest;
+    halves += n * (k > widest ? k : widest);
+  }
   return floats * 4.0 + halves * 2.0;
 }
 
-double ff_mem_logits_bytes(const ff_model *m, ff_shard sh, double b) {
-  return 4.0 * b * (double)m->seq_len * sh.vocab;
+double ff_mem_logits_bytes(const ff_model *m, ff_shard sh, double b, ff_precision prec) {
+  double n = b * (double)m->seq_len, bytes = 4.0 * n * sh.vocab;
+  if (prec == FF_PRECISION_BF16) /* the bf16 operands: final norm rows, the logits' gradient */
+    bytes += 2.0 * n * ((double)m->hidden + sh.vocab);
+  return bytes;
 }
 
 /* ---- time ------------------------------------------------------------------------------- */

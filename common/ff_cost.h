@@ -47,15 +47,15 @@ double ff_mem_interleave_factor(int p, int v);
  * et al. count them: 72·s·l·h²·(1 + s/(3h) + V/(12lh)). */
 double ff_flops_gpt_selective_hardware_per_sequence(double s, double l, double h, double V);
 /* Bytes per parameter of weights + gradients + master weights + Adam moments as ffrun holds
- * them: 16 in either precision (fp32 weights, which bf16 tensor cores round as they load them,
- * gradients and two moments; no bf16 copy). With ZeRO-1 over d ranks, which ffrun does not
- * run: bf16 6 + 12/d (a bf16 copy; master and moments sharded), fp32 8 + 8/d. */
+ * them: bf16 18 (the bf16 copy the matmuls read, fp32 master weights, gradients and two
+ * moments), fp32 16 (weights, gradients, moments). With ZeRO-1 over d ranks, which ffrun does
+ * not run, the master and moments are sharded: bf16 6 + 12/d, fp32 8 + 8/d. */
 double ff_mem_bytes_per_param(ff_precision p, bool zero1, int dp);
 
 typedef enum ff_mem_item {
-  FF_MEM_WEIGHTS,      /* fp32 weights (the master copy too), or a bf16 copy under ZeRO-1 */
+  FF_MEM_WEIGHTS,      /* the weights the matmuls read: bf16, or fp32 (the master copy too) */
   FF_MEM_GRADIENTS,    /* fp32 gradients */
-  FF_MEM_MASTER,       /* fp32 master weights (bf16 with ZeRO-1 only) */
+  FF_MEM_MASTER,       /* fp32 master weights (bf16 only) */
   FF_MEM_OPTIMIZER,    /* Adam first and second moments */
   FF_MEM_ACTIVATIONS,  /* kept activations × micro-batches in flight, and the stage's buffers */
   FF_MEM_LOGITS,       /* fp32 logits of one micro-batch on the LM-head stage */
@@ -121,12 +121,14 @@ double ff_mem_layer_kept_bytes(const ff_model *m, ff_shard sh, double b, ff_prec
                                ff_recompute rc);
 /* Bytes of a stage's buffers that do not grow with its layers: the work set a layer is computed
  * in (bf16 or full recompute, when the stage has layers), per micro-batch in flight its output
- * and output gradient and tokens, the final norm's and loss's rows, and the backward's
- * temporaries. The logits are apart (ff_mem_logits_bytes). */
+ * and output gradient and tokens, the final norm's and loss's rows, the backward's temporaries
+ * and (bf16, with layers) the widest matmul output gradient in bf16. The logits are apart
+ * (ff_mem_logits_bytes). */
 double ff_mem_stage_buffer_bytes(const ff_model *m, ff_shard sh, double b, ff_precision prec,
                                  ff_recompute rc, bool has_layers, double in_flight);
-/* fp32 logits of one micro-batch over the rank's vocabulary shard, on the LM-head stage. */
-double ff_mem_logits_bytes(const ff_model *m, ff_shard sh, double b);
+/* fp32 logits of one micro-batch over the rank's vocabulary shard, on the LM-head stage, and
+ * under bf16 the head's bf16 operands: the final norm's output and the logits' gradient. */
+double ff_mem_logits_bytes(const ff_model *m, ff_shard sh, double b, ff_precision prec);
 
 /* ---- the pipeline simulator ------------------------------------------------------------- */
 

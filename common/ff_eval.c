@@ -154,9 +154,9 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
     re->params = rank_params(m, st, sh);
     e->rank_layers[r->rank] = st->layers;
     double zero_d = tr->zero1 && dp > 1 ? (double)dp : 1.0;
-    /* ffrun's fp32 weights are the master copy; a bf16 copy only with ZeRO-1 (which shards the
-     * master) */
-    bool bf16_copy = tr->precision == FF_PRECISION_BF16 && tr->zero1;
+    /* bf16: the matmuls read a bf16 copy of the fp32 master weights; fp32: the weights are the
+     * master */
+    bool bf16_copy = tr->precision == FF_PRECISION_BF16;
     re->memory_bytes[FF_MEM_WEIGHTS] = re->params * (bf16_copy ? 2.0 : 4.0);
     re->memory_bytes[FF_MEM_GRADIENTS] = re->params * 4.0;
     re->memory_bytes[FF_MEM_MASTER] = bf16_copy ? re->params * 4.0 / zero_d : 0.0;
@@ -166,7 +166,8 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
         layers * (double)se->in_flight * kept +
         ff_mem_stage_buffer_bytes(m, sh, b, tr->precision, st->recompute, layers > 0,
                                   (double)se->in_flight);
-    re->memory_bytes[FF_MEM_LOGITS] = st->lm_head ? ff_mem_logits_bytes(m, sh, b) : 0.0;
+    re->memory_bytes[FF_MEM_LOGITS] =
+        st->lm_head ? ff_mem_logits_bytes(m, sh, b, tr->precision) : 0.0;
     re->memory_bytes[FF_MEM_RESERVE] = dev->runtime_reserve_gib * FF_GIB;
     re->memory_total_bytes = 0.0;
     for (int i = 0; i < FF_MEM_COUNT; i++)

@@ -404,6 +404,8 @@ ff_status ff_checkpoint_load(const char *file, ff_model_rank *mr, const char *mo
     snprintf(meta->model_name, sizeof meta->model_name, "%s", meta_string(md, "model") ? meta_string(md, "model") : "");
     snprintf(meta->model_digest, sizeof meta->model_digest, "%s", digest);
     st = load_tensors(h, (const unsigned char *)buf + 8 + hlen, len - 8 - (size_t)hlen, mr, d);
+    if (st == FF_OK)
+      ff_model_rank_weights_changed(mr);
   }
   cJSON_Delete(h);
   if (buf)

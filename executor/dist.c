@@ -927,6 +927,7 @@ static double train_step(dist *d, int64_t step, double *norm_out, double *lr_out
                 d->mr.v + x->offset, x->numel, (float)lr, (float)t->beta1, (float)t->beta2,
                 (float)t->eps, x->decay ? (float)t->weight_decay : 0.0f, step, (float)clip);
   }
+  ff_model_rank_weights_changed(&d->mr);
   ff_throttle(d->throttle, now() - t0);
   d->t_opt = now() - t0;
   return sums[0] / (double)(t->global_batch * d->plan->model.seq_len);

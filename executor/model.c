@@ -9,7 +9,9 @@
  * all-reduce (after the row-parallel Wo and Wd, and the input gradients of the column-parallel
  * matmuls) this one-rank code holds the whole sums already. A bf16 plan keeps what the backward
  * needs in bf16: each such tensor is rounded as it is made (keep) and unpacked for the backward
- * (load_layer), the layer itself computed in fp32 in one work set. A stage with full recompute
+ * (load_layer), the layer itself computed in fp32 in one work set, and runs every matmul on bf16
+ * operands: a bf16 copy of the weights, the kept bf16 inputs, output gradients rounded to bf16
+ * (mm_fwd, mm_bwd), accumulating in fp32. A stage with full recompute
  * keeps only each layer's input, and load_layer runs the layer's forward again into the work
  * set. What is allocated here is what the cost model predicts (ff_mem_layer_kept_bytes,
  * ff_mem_stage_buffer_bytes): change one, change the other. */
@@ -136,6 +138,12 @@ void ff_model_rank_init_weights(ff_model_rank *mr, uint64_t seed) {
   }
   mr->k->to_device(mr->params, host, (size_t)mr->n_params * sizeof *host);
   free(host);
+  ff_model_rank_weights_changed(mr);
+}
+
+void ff_model_rank_weights_changed(ff_model_rank *mr) {
+  if (mr->params_half)
+    mr->k->to_bf16(mr->params_half, mr->params, mr->n_params);
 }
 
 /* ---- allocation ------------------------------------------------------------------------- */
@@ -227,6 +235,21 @@ static int64_t scratch_a_floats(dims d) {
   return d.N * n;
 }
 
+/* bf16 plans: the operand scratch of a stage's layers (the widest matmul output gradient) and
+ * of its LM head (the final norm's output and the logits' gradient), in halves. */
+static int64_t operand_halves(dims d) {
+  int64_t n = d.C;
+  if (d.Fl > n)
+    n = d.Fl;
+  if (d.Hl * d.D > n)
+    n = d.Hl * d.D;
+  if (d.Kl * d.D > n)
+    n = d.Kl * d.D;
+  return d.N * n;
+}
+
+static int64_t head_halves(dims d) { return d.N * (d.C + d.Vl); }
+
 /* A cleared rank of this model and shard with its tensor table. */
 static ff_status init_table(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
                             const ff_shard_spec *spec) {
@@ -240,7 +263,7 @@ static ff_status init_table(ff_model_rank *mr, const ff_model *model, const ff_k
 
 ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
                              const ff_shard_spec *spec, int64_t micro_batch, int n_slots,
-                             bool bf16_activations, ff_recompute recompute) {
+                             bool bf16_plan, ff_recompute recompute) {
   if (model->tied_embeddings && spec->lm_head && !spec->embedding) {
     memset(mr, 0, sizeof *mr);
     return FF_ERR_INPUT; /* the caller explains: tied embeddings across stages */
@@ -256,8 +279,9 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   mr->v = k->alloc(pbytes);
   dims d = model_dims(mr, mr->tokens);
   int64_t slots = mr->n_slots, held = slots * mr->n_layers;
-  bool layers = mr->n_layers > 0, bf16 = bf16_activations && layers;
+  bool layers = mr->n_layers > 0, bf16 = bf16_plan && layers;
   bool full = recompute == FF_RECOMPUTE_FULL && layers;
+  mr->bf16 = bf16_plan;
   mr->bf16_activations = bf16;
   mr->recompute_full = full;
   /* Saved per layer and micro-batch: every activation the backward reads, in fp32 or bf16 (row
@@ -280,6 +304,16 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   int64_t total = kept_floats + work_floats + slots * d.N * d.C * 2 + d.N * d.C + d.N * 4 +
                   (spec->lm_head ? d.N * d.Vl : 0) + scratch_a_floats(d) + d.N * d.C * 2;
   mr->acts_block = k->alloc((size_t)total * sizeof(float));
+  int64_t operands = (bf16 ? operand_halves(d) : 0) +
+                     (bf16_plan && spec->lm_head ? head_halves(d) : 0);
+  bool halves_ok = true;
+  if (bf16_plan) {
+    mr->params_half = k->alloc((size_t)mr->n_params * sizeof(uint16_t));
+    mr->operand_half = k->alloc((size_t)operands * sizeof(uint16_t));
+    halves_ok = mr->params_half && mr->operand_half;
+    if (spec->lm_head && mr->operand_half)
+      mr->head_half = mr->operand_half + (bf16 ? operand_halves(d) : 0);
+  }
   if (bf16) {
     mr->saved_block = k->alloc((size_t)kept_halves * sizeof(uint16_t));
     mr->saved = calloc((size_t)held, sizeof *mr->saved);
@@ -292,7 +326,7 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   mr->targets = malloc((size_t)d.N * sizeof *mr->targets);
   bool stored = bf16 ? mr->saved_block && mr->saved : mr->acts != NULL;
   if (!mr->params || !mr->grads || !mr->m || !mr->v || !mr->acts_block || !stored ||
-      !mr->tokens_in || !mr->targets_in || !mr->inputs || !mr->targets) {
+      !halves_ok || !mr->tokens_in || !mr->targets_in || !mr->inputs || !mr->targets) {
     ff_model_rank_free(mr);
     return FF_ERR_RUNTIME;
   }
@@ -349,6 +383,8 @@ void ff_model_rank_free(ff_model_rank *mr) {
     mr->k->release(mr->v);
     mr->k->release(mr->acts_block);
     mr->k->release(mr->saved_block);
+    mr->k->release(mr->params_half);
+    mr->k->release(mr->operand_half);
     mr->k->release(mr->tokens_in);
     mr->k->release(mr->targets_in);
   }
@@ -409,6 +445,34 @@ static void keep(const ff_model_rank *mr, uint16_t *saved, float *x, int64_t n) 
   mr->k->from_bf16(x, saved, n);
 }
 
+/* The bf16 copy of a weight tensor (w points into params). */
+static const uint16_t *half_of(const ff_model_rank *mr, const float *w) {
+  return mr->params_half + (w - mr->params);
+}
+
+/* out(N, Out) = inp(N, In) · wᵀ: on bf16 operands when inp16, the bf16 copy of inp, is given
+ * (bf16 plans), else in fp32. */
+static void mm_fwd(const ff_model_rank *mr, float *out, const float *inp, const uint16_t *inp16,
+                   const float *w, int N, int In, int Out) {
+  if (inp16)
+    mr->k->matmul_fwd_bf16(out, inp16, half_of(mr, w), N, In, Out);
+  else
+    mr->k->matmul_fwd(out, inp, w, N, In, Out);
+}
+
+/* Its backward; on bf16 operands the output gradient is first rounded into dout16 (N·Out
+ * halves of scratch). */
+static void mm_bwd(const ff_model_rank *mr, float *dinp, float *dw, const float *dout,
+                   uint16_t *dout16, const float *inp, const uint16_t *inp16, const float *w,
+                   int N, int In, int Out) {
+  if (!inp16) {
+    mr->k->matmul_bwd(dinp, dw, dout, inp, w, N, In, Out);
+    return;
+  }
+  mr->k->to_bf16(dout16, dout, (int64_t)N * Out);
+  mr->k->matmul_bwd_bf16(dinp, dw, dout16, inp16, half_of(mr, w), N, In, Out);
+}
+
 /* The layer's fp32 activations for slot and layer: its own (fp32 storage) or the one work set
  * pointed at the saved row statistics (bf16 storage; *sv then names the bf16 copies). */
 static ff_layer_acts *layer_acts(ff_model_rank *mr, int slot, int64_t l, ff_layer_saved **sv) {
@@ -430,9 +494,11 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
  * set, or, under full recompute, its forward run again from its kept input into the work set.
  * The recomputed values are the first forward's bit for bit: same kernels, same inputs, the
  * same bf16 rounding, and its tensor-parallel sums taken again by the whole group. */
-static ff_layer_acts *load_layer(ff_model_rank *mr, int slot, int64_t l, int64_t b) {
+static ff_layer_acts *load_layer(ff_model_rank *mr, int slot, int64_t l, int64_t b,
+                                 ff_layer_saved **saved) {
   ff_layer_saved *sv;
   ff_layer_acts *a = layer_acts(mr, slot, l, &sv);
+  *saved = sv;
   const ff_kernels *k = mr->k;
   dims d = model_dims(mr, b * mr->model->seq_len);
   int64_t NC = d.N * d.C, nq = d.N * d.Hl * d.D, nk = d.N * d.Kl * d.D, nf = d.N * d.Fl;
@@ -473,9 +539,10 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
   KEEP(x_in, NC);
   k->rmsnorm_fwd(a->h1, a->rstd1, a->x_in, w.attn_norm, N, C, (float)m->norm_eps);
   KEEP(h1, NC);
-  k->matmul_fwd(a->q, a->h1, w.wq, N, C, Hl * D);
-  k->matmul_fwd(a->k, a->h1, w.wk, N, C, Kl * D);
-  k->matmul_fwd(a->v, a->h1, w.wv, N, C, Kl * D);
+  /* bf16 plans: each matmul reads the bf16 copy just kept of its input */
+  mm_fwd(mr, a->q, a->h1, sv ? sv->h1 : NULL, w.wq, N, C, Hl * D);
+  mm_fwd(mr, a->k, a->h1, sv ? sv->h1 : NULL, w.wk, N, C, Kl * D);
+  mm_fwd(mr, a->v, a->h1, sv ? sv->h1 : NULL, w.wv, N, C, Kl * D);
   k->rope_fwd(a->q, B, S, Hl, D, (float)m->rope_theta);
   k->rope_fwd(a->k, B, S, Kl, D, (float)m->rope_theta);
   KEEP(q, nq);
@@ -484,26 +551,28 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
   k->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, S, Hl, Kl, D, (int)mr->spec.heads.first,
                    (int)mr->spec.kv_heads.first, (int)(m->heads / m->kv_heads));
   KEEP(att, nq);
-  k->matmul_fwd(tmp, a->att, w.wo, N, Hl * D, C);
+  mm_fwd(mr, tmp, a->att, sv ? sv->att : NULL, w.wo, N, Hl * D, C);
   tp_sum(mr, tmp, NC); /* row-parallel Wo: the group sums its partial outputs */
   k->add(a->x_mid, a->x_in, tmp, NC);
   KEEP(x_mid, NC);
   k->rmsnorm_fwd(a->h2, a->rstd2, a->x_mid, w.mlp_norm, N, C, (float)m->norm_eps);
   KEEP(h2, NC);
-  k->matmul_fwd(a->gate, a->h2, w.w_gate, N, C, Fl);
-  k->matmul_fwd(a->up, a->h2, w.w_up, N, C, Fl);
+  mm_fwd(mr, a->gate, a->h2, sv ? sv->h2 : NULL, w.w_gate, N, C, Fl);
+  mm_fwd(mr, a->up, a->h2, sv ? sv->h2 : NULL, w.w_up, N, C, Fl);
   KEEP(gate, nf);
   KEEP(up, nf);
   k->swiglu_fwd(a->act, a->gate, a->up, nf);
   KEEP(act, nf);
 #undef KEEP
-  k->matmul_fwd(tmp, a->act, w.w_down, N, Fl, C);
+  mm_fwd(mr, tmp, a->act, sv ? sv->act : NULL, w.w_down, N, Fl, C);
   tp_sum(mr, tmp, (int64_t)N * C); /* row-parallel W_down */
   k->add(x_out, a->x_mid, tmp, (int64_t)N * C);
 }
 
-/* dx: in, the gradient of the layer's output; out, of its input. */
-static void backward_layer(ff_model_rank *mr, ff_layer_acts *a, int64_t l, int64_t b, float *dx) {
+/* dx: in, the gradient of the layer's output; out, of its input. sv: the layer's bf16 copies
+ * (bf16 plans), the matmuls' inputs. */
+static void backward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_saved *sv,
+                           int64_t l, int64_t b, float *dx) {
   const ff_kernels *k = mr->k;
   const ff_model *m = mr->model;
   dims d = model_dims(mr, b * m->seq_len);
@@ -514,11 +583,12 @@ static void backward_layer(ff_model_rank *mr, ff_layer_acts *a, int64_t l, int64
   float *dh = mr->scratch_b, *t = mr->scratch_c;
   int64_t wide = (int64_t)N * (Fl > Hl * D ? Fl : Hl * D);
   float *d1 = mr->scratch_a, *d2 = d1 + wide, *d3 = d2 + wide;
+  uint16_t *o16 = mr->operand_half;
   /* x_out = x_mid + act·Wdᵀ: dx flows to x_mid unchanged */
-  k->matmul_bwd(d1, g.w_down, dx, a->act, w.w_down, N, Fl, C);      /* d1 = d act */
+  mm_bwd(mr, d1, g.w_down, dx, o16, a->act, sv ? sv->act : NULL, w.w_down, N, Fl, C); /* d act */
   k->swiglu_bwd(d2, d3, d1, a->gate, a->up, (int64_t)N * Fl);       /* d gate, d up */
-  k->matmul_bwd(dh, g.w_gate, d2, a->h2, w.w_gate, N, C, Fl);
-  k->matmul_bwd(t, g.w_up, d3, a->h2, w.w_up, N, C, Fl);
+  mm_bwd(mr, dh, g.w_gate, d2, o16, a->h2, sv ? sv->h2 : NULL, w.w_gate, N, C, Fl);
+  mm_bwd(mr, t, g.w_up, d3, o16, a->h2, sv ? sv->h2 : NULL, w.w_up, N, C, Fl);
   k->accumulate(dh, t, NC);
   tp_sum(mr, dh, NC); /* column-parallel gate/up: the group sums the input gradient */
   k->rmsnorm_bwd(t, g.mlp_norm, dh, a->x_mid, w.mlp_norm, a->rstd2, N, C);
@@ -526,16 +596,17 @@ static void backward_layer(ff_model_rank *mr, ff_layer_acts *a, int64_t l, int64
   /* x_mid = x_in + att·Woᵀ */
   int64_t nq = (int64_t)N * Hl * D, nk = (int64_t)N * Kl * D;
   float *datt = d1, *dq = d1 + nq, *dk = dq + nq, *dv = dk + nk;
-  k->matmul_bwd(datt, g.wo, dx, a->att, w.wo, N, Hl * D, C);
+  mm_bwd(mr, datt, g.wo, dx, o16, a->att, sv ? sv->att : NULL, w.wo, N, Hl * D, C);
   k->attention_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, S, Hl, Kl, D,
                    (int)mr->spec.heads.first, (int)mr->spec.kv_heads.first,
                    (int)(m->heads / m->kv_heads));
   k->rope_bwd(dq, B, S, Hl, D, (float)m->rope_theta);
   k->rope_bwd(dk, B, S, Kl, D, (float)m->rope_theta);
-  k->matmul_bwd(dh, g.wq, dq, a->h1, w.wq, N, C, Hl * D);
-  k->matmul_bwd(t, g.wk, dk, a->h1, w.wk, N, C, Kl * D);
+  const uint16_t *h1 = sv ? sv->h1 : NULL;
+  mm_bwd(mr, dh, g.wq, dq, o16, a->h1, h1, w.wq, N, C, Hl * D);
+  mm_bwd(mr, t, g.wk, dk, o16, a->h1, h1, w.wk, N, C, Kl * D);
   k->accumulate(dh, t, NC);
-  k->matmul_bwd(t, g.wv, dv, a->h1, w.wv, N, C, Kl * D);
+  mm_bwd(mr, t, g.wv, dv, o16, a->h1, h1, w.wv, N, C, Kl * D);
   k->accumulate(dh, t, NC);
   tp_sum(mr, dh, NC); /* column-parallel q/k/v */
   k->rmsnorm_bwd(t, g.attn_norm, dh, a->x_in, w.attn_norm, a->rstd1, N, C);
@@ -554,7 +625,10 @@ static void head_forward_backward(ff_model_rank *mr, const float *x_final, int64
   const char *head = m->tied_embeddings ? "embed" : "lm_head";
   float *head_w = tensor_at(mr, head, mr->params), *head_g = tensor_at(mr, head, mr->grads);
   k->rmsnorm_fwd(mr->h_final, mr->rstd_final, x_final, norm_w, N, C, (float)m->norm_eps);
-  k->matmul_fwd(mr->logits, mr->h_final, head_w, N, C, V);
+  uint16_t *h16 = mr->head_half; /* bf16 plans: the LM head on bf16 operands too */
+  if (h16)
+    k->to_bf16(h16, mr->h_final, (int64_t)N * C);
+  mm_fwd(mr, mr->logits, mr->h_final, h16, head_w, N, C, V);
   k->ce_row_max(mr->row_max, mr->logits, N, V);
   tp_max(mr, mr->row_max, N);
   k->ce_row_sum(mr->row_sum, mr->logits, mr->row_max, N, V);
@@ -570,7 +644,8 @@ static void head_forward_backward(ff_model_rank *mr, const float *x_final, int64
     free(host_loss);
   }
   float *dh = mr->scratch_b;
-  k->matmul_bwd(dh, head_g, mr->logits, mr->h_final, head_w, N, C, V);
+  mm_bwd(mr, dh, head_g, mr->logits, h16 ? h16 + (int64_t)N * C : NULL, mr->h_final, h16, head_w,
+         N, C, V);
   tp_sum(mr, dh, (int64_t)N * C); /* vocabulary-parallel head: sum the input gradient */
   k->rmsnorm_bwd(dx, norm_g, dh, x_final, norm_w, mr->rstd_final, N, C);
 }
@@ -640,7 +715,9 @@ void ff_model_rank_backward(ff_model_rank *mr, int slot, int64_t b, const float 
   if (!mr->spec.lm_head && dx_in)
     k->to_device(dx, dx_in, (size_t)(N * C) * sizeof(float));
   for (int64_t l = mr->n_layers - 1; l >= 0; l--) {
-    backward_layer(mr, load_layer(mr, slot, l, b), l, b, dx);
+    ff_layer_saved *sv;
+    ff_layer_acts *a = load_layer(mr, slot, l, b, &sv);
+    backward_layer(mr, a, sv, l, b, dx);
     grads_final(mr, (int)(mr->spec.embedding + l * TENSORS_PER_LAYER), TENSORS_PER_LAYER);
   }
   if (mr->spec.embedding) {

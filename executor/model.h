@@ -65,6 +65,12 @@ typedef struct ff_model_rank {
   int n_tensors;
   int64_t n_params;       /* local floats */
   float *params, *grads, *m, *v;
+  /* bf16 plans: every matmul runs on bf16 operands, reading the weights from params_half (params
+   * rounded to bf16 whenever they change: ff_model_rank_weights_changed), its input from the
+   * bf16 copy kept for the backward, and its output gradient rounded into operand_half (head:
+   * head_half holds the final norm's output, then the logits' gradient). */
+  bool bf16;
+  uint16_t *params_half, *operand_half, *head_half;
   /* activations of up to n_slots micro-batches in flight, each of up to `tokens` tokens: fp32 in
    * acts, or with bf16_activations in saved (computed in fp32 in the one layer's `work`, each
    * saved tensor rounded to bf16 as it is made, so forward and backward see the same values).
@@ -96,14 +102,15 @@ typedef struct ff_model_rank {
 } ff_model_rank;
 
 /* Build the tensor table and allocate for `n_slots` micro-batches of `micro_batch` sequences in
- * flight (1 for a whole model on one rank; the 1F1B in-flight count of the stage otherwise),
- * keeping the activations for backward in bf16 when bf16_activations (bf16 plans), else fp32.
+ * flight (1 for a whole model on one rank; the 1F1B in-flight count of the stage otherwise).
+ * bf16 (bf16 plans): the activations for backward kept in bf16 and the matmuls on bf16
+ * operands, else fp32 throughout.
  * FF_RECOMPUTE_FULL keeps only each layer's input; `none` and `selective` keep the same (this
  * attention never stores its scores, which is all selective recompute would drop). What is
  * allocated is what ff_mem_rank_activations (common/ff_cost.h) predicts. */
 ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
                              const ff_shard_spec *spec, int64_t micro_batch, int n_slots,
-                             bool bf16_activations, ff_recompute recompute);
+                             bool bf16, ff_recompute recompute);
 /* The tensor table alone (no kernels, nothing allocated): the logical tensors of a shard in
  * table order, which is a checkpoint's order when the shard is the whole model. */
 ff_status ff_model_rank_init_layout(ff_model_rank *mr, const ff_model *model,
@@ -111,6 +118,10 @@ ff_status ff_model_rank_init_layout(ff_model_rank *mr, const ff_model *model,
 void ff_model_rank_free(ff_model_rank *mr);
 /* Initial weights from (seed, tensor name, element index in the logical tensor) alone. */
 void ff_model_rank_init_weights(ff_model_rank *mr, uint64_t seed);
+/* The weights in params changed (an optimizer step, a checkpoint loaded): round them into the
+ * bf16 copy the matmuls read (bf16 plans; nothing otherwise). init_weights and checkpoint loads
+ * call it themselves. */
+void ff_model_rank_weights_changed(ff_model_rank *mr);
 const ff_tensor *ff_model_rank_find(const ff_model_rank *mr, const char *name);
 
 /* Forward of one micro-batch of b sequences through this rank's stage, into activation `slot`.

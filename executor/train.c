@@ -140,6 +140,7 @@ static double train_step(run *r, int64_t step, double *grad_norm, double *lr, do
                 r->mr.v + x->offset, x->numel, (float)*lr, (float)t->beta1, (float)t->beta2,
                 (float)t->eps, x->decay ? (float)t->weight_decay : 0.0f, step, (float)clip);
   }
+  ff_model_rank_weights_changed(&r->mr);
   return loss_sum / (double)global_tokens(r);
 }
 

@@ -119,7 +119,8 @@ static unit_cost compute_unit_cost(const ff_search_ctx *ctx, const ff_unit *u, i
   uc.head_seconds = 3.0 * head + 2.0 * ff_time_memory(dev, 3.0 * (double)b * s * sh.vocab * 4.0);
   uc.embed_seconds = ff_time_memory(dev, (double)b * s * h * (elem + 8.0)) + (u->tp > 1 ? 2.0 * tp_ar : 0.0);
   uc.embed_bytes = sh.vocab * h * bpp;
-  uc.head_bytes = (sh.vocab * h + h) * bpp + ff_mem_logits_bytes(m, sh, (double)b);
+  uc.head_bytes =
+      (sh.vocab * h + h) * bpp + ff_mem_logits_bytes(m, sh, (double)b, t->precision);
   uc.peak_flops = ff_peak_flops(dev, t->precision) * u->tp;
   return uc;
 }

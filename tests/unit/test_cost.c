@@ -283,14 +283,18 @@ static void kept_activations_count_what_ffrun_stores(void **state) {
   ff_shard half = {16, 16, 5504, 0};
   assert_true(ff_mem_layer_kept_bytes(&m, half, 1, FF_PRECISION_BF16, FF_RECOMPUTE_NONE) ==
               4096.0 * ((4 * 4096 + 4 * 2048 + 3 * 5504) * 2 + 18 * 4));
-  assert_true(ff_mem_logits_bytes(&m, (ff_shard){0, 0, 0, 16000}, 2) == 4.0 * 2 * 4096 * 16000);
+  assert_true(ff_mem_logits_bytes(&m, (ff_shard){0, 0, 0, 16000}, 2, FF_PRECISION_FP32) ==
+              4.0 * 2 * 4096 * 16000);
+  /* bf16: and the head's bf16 operands, the final norm's rows and the logits' gradient */
+  assert_true(ff_mem_logits_bytes(&m, (ff_shard){0, 0, 0, 16000}, 2, FF_PRECISION_BF16) ==
+              4.0 * 2 * 4096 * 16000 + 2.0 * 2 * 4096 * (4096 + 16000));
 }
 
-/* ffrun keeps fp32 weights, gradients and moments in either precision; a bf16 copy only under
- * ZeRO-1, whose sharded master weights the copy stands in for. */
-static void ffrun_holds_16_bytes_per_parameter(void **state) {
+/* ffrun keeps fp32 weights (the master), gradients and moments in either precision, and under
+ * bf16 the bf16 copy its matmuls read. */
+static void ffrun_holds_18_bytes_per_parameter_in_bf16_and_16_in_fp32(void **state) {
   (void)state;
-  assert_true(ff_mem_bytes_per_param(FF_PRECISION_BF16, false, 8) == 16);
+  assert_true(ff_mem_bytes_per_param(FF_PRECISION_BF16, false, 8) == 18);
   assert_true(ff_mem_bytes_per_param(FF_PRECISION_BF16, true, 8) == 6 + 12.0 / 8);
   assert_true(ff_mem_bytes_per_param(FF_PRECISION_FP32, false, 8) == 16);
   assert_true(ff_mem_bytes_per_param(FF_PRECISION_FP32, true, 4) == 8 + 8.0 / 4);
@@ -347,12 +351,12 @@ static void sizes_of_the_largest_readable_model_cannot_overflow(void **state) {
   assert_true(isfinite(bytes) && bytes > 1e19);
   double flops = ff_flops_model_per_token(&m) * (double)m.seq_len * 1e9; /* a batch of 10^9 */
   assert_true(isfinite(flops) && flops > 0);
-  /* A 1T-parameter model: 16 bytes per parameter, exactly as counted. */
+  /* A 1T-parameter model: 18 bytes per parameter in bf16, exactly as counted. */
   ff_model t = {.layers = 128, .hidden = 25600, .heads = 160, .kv_heads = 160, .ffn_hidden = 102400,
                 .vocab = 128000, .seq_len = 2048};
   int64_t n = ff_model_parameters(&t);
   assert_true(n > 1000000000000LL);
-  assert_true(ff_mem_bytes_per_param(FF_PRECISION_BF16, false, 1) * (double)n == 16.0 * (double)n);
+  assert_true(ff_mem_bytes_per_param(FF_PRECISION_BF16, false, 1) * (double)n == 18.0 * (double)n);
 }
 
 /* The simulator keeps a ring of finish times, not one per micro-batch: 10^7 micro-batches of
@@ -381,7 +385,7 @@ int main(void) {
       cmocka_unit_test(shipped_plans_respect_physical_bounds),
       cmocka_unit_test(memory_grows_with_micro_batch_size_and_in_flight_count),
       cmocka_unit_test(kept_activations_count_what_ffrun_stores),
-      cmocka_unit_test(ffrun_holds_16_bytes_per_parameter),
+      cmocka_unit_test(ffrun_holds_18_bytes_per_parameter_in_bf16_and_16_in_fp32),
       cmocka_unit_test(ring_allreduce_follows_the_alpha_beta_formula),
       cmocka_unit_test(measured_layer_times_take_precedence),
       cmocka_unit_test(sizes_of_the_largest_readable_model_cannot_overflow),

@@ -367,6 +367,9 @@ static cJSON *effect_json(const ff_plan_eval *x, const ff_plan_eval *y) {
     cJSON_AddNumberToObject(e, "before", rows[i].a);
     cJSON_AddNumberToObject(e, "after", rows[i].b);
   }
+  cJSON *fits = cJSON_AddObjectToObject(o, "ranks_over_memory");
+  cJSON_AddNumberToObject(fits, "before", (double)x->ranks_over_memory);
+  cJSON_AddNumberToObject(fits, "after", (double)y->ranks_over_memory);
   return o;
 }
 
@@ -405,6 +408,10 @@ static void print_text(const diff *df, bool same, bool permuted, const ff_plan_e
   printf("  MFU %.1f %% -> %.1f %%\n", 100 * x->mfu, 100 * y->mfu);
   printf("  peak memory per rank %.2f GiB -> %.2f GiB\n", x->peak_memory_bytes / FF_GIB,
          y->peak_memory_bytes / FF_GIB);
+  /* the peak is the largest rank, which may not be the one that no longer fits its GPU */
+  if (!x->fits || !y->fits)
+    printf("  ranks over their GPU's memory %lld -> %lld%s\n", (long long)x->ranks_over_memory,
+           (long long)y->ranks_over_memory, y->fits ? "" : " (ffplan check names them)");
 }
 
 int ffplan_cmd_diff(int argc, char **argv) {

@@ -510,17 +510,14 @@ static ff_layer_acts *load_layer(ff_model_rank *mr, int slot, int64_t l, int64_t
   }
   if (!sv)
     return a;
-  k->from_bf16(a->x_in, sv->x_in, NC);
-  k->from_bf16(a->h1, sv->h1, NC);
+  k->from_bf16(a->x_in, sv->x_in, NC); /* not h1, h2, act: the backward reads their copies */
   k->from_bf16(a->q, sv->q, nq);
   k->from_bf16(a->k, sv->k, nk);
   k->from_bf16(a->v, sv->v, nk);
   k->from_bf16(a->att, sv->att, nq);
   k->from_bf16(a->x_mid, sv->x_mid, NC);
-  k->from_bf16(a->h2, sv->h2, NC);
   k->from_bf16(a->gate, sv->gate, nf);
   k->from_bf16(a->up, sv->up, nf);
-  k->from_bf16(a->act, sv->act, nf);
   return a;
 }
 
@@ -536,9 +533,16 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
   int64_t NC = (int64_t)N * C, nq = (int64_t)N * Hl * D, nk = (int64_t)N * Kl * D;
   int64_t nf = (int64_t)N * Fl;
 #define KEEP(field, n) keep(mr, sv ? sv->field : NULL, a->field, n)
+  /* h1, h2 and act only feed matmuls, which read the copy, and the backward reads only the copy
+   * too (mm_bwd): saved in bf16, not rounded in place, never unpacked */
+#define SAVE(field, n)                                                                             \
+  do {                                                                                             \
+    if (sv)                                                                                        \
+      k->to_bf16(sv->field, a->field, n);                                                          \
+  } while (0)
   KEEP(x_in, NC);
   k->rmsnorm_fwd(a->h1, a->rstd1, a->x_in, w.attn_norm, N, C, (float)m->norm_eps);
-  KEEP(h1, NC);
+  SAVE(h1, NC);
   /* bf16 plans: each matmul reads the bf16 copy just kept of its input */
   mm_fwd(mr, a->q, a->h1, sv ? sv->h1 : NULL, w.wq, N, C, Hl * D);
   mm_fwd(mr, a->k, a->h1, sv ? sv->h1 : NULL, w.wk, N, C, Kl * D);
@@ -556,14 +560,15 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
   k->add(a->x_mid, a->x_in, tmp, NC);
   KEEP(x_mid, NC);
   k->rmsnorm_fwd(a->h2, a->rstd2, a->x_mid, w.mlp_norm, N, C, (float)m->norm_eps);
-  KEEP(h2, NC);
+  SAVE(h2, NC);
   mm_fwd(mr, a->gate, a->h2, sv ? sv->h2 : NULL, w.w_gate, N, C, Fl);
   mm_fwd(mr, a->up, a->h2, sv ? sv->h2 : NULL, w.w_up, N, C, Fl);
   KEEP(gate, nf);
   KEEP(up, nf);
   k->swiglu_fwd(a->act, a->gate, a->up, nf);
-  KEEP(act, nf);
+  SAVE(act, nf);
 #undef KEEP
+#undef SAVE
   mm_fwd(mr, tmp, a->act, sv ? sv->act : NULL, w.w_down, N, Fl, C);
   tp_sum(mr, tmp, (int64_t)N * C); /* row-parallel W_down */
   k->add(x_out, a->x_mid, tmp, (int64_t)N * C);

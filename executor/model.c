@@ -533,16 +533,14 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
   int64_t NC = (int64_t)N * C, nq = (int64_t)N * Hl * D, nk = (int64_t)N * Kl * D;
   int64_t nf = (int64_t)N * Fl;
 #define KEEP(field, n) keep(mr, sv ? sv->field : NULL, a->field, n)
-  /* h1, h2 and act only feed matmuls, which read the copy, and the backward reads only the copy
-   * too (mm_bwd): saved in bf16, not rounded in place, never unpacked */
-#define SAVE(field, n)                                                                             \
-  do {                                                                                             \
-    if (sv)                                                                                        \
-      k->to_bf16(sv->field, a->field, n);                                                          \
-  } while (0)
+  /* h1, h2 and act only feed matmuls, which read the bf16 copy, and the backward reads only the
+   * copy too (mm_bwd): under bf16 storage the kernels write the copy alone, never unpacked */
+  float eps = (float)m->norm_eps;
   KEEP(x_in, NC);
-  k->rmsnorm_fwd(a->h1, a->rstd1, a->x_in, w.attn_norm, N, C, (float)m->norm_eps);
-  SAVE(h1, NC);
+  if (sv)
+    k->rmsnorm_fwd_bf16(sv->h1, a->rstd1, a->x_in, w.attn_norm, N, C, eps);
+  else
+    k->rmsnorm_fwd(a->h1, a->rstd1, a->x_in, w.attn_norm, N, C, eps);
   /* bf16 plans: each matmul reads the bf16 copy just kept of its input */
   mm_fwd(mr, a->q, a->h1, sv ? sv->h1 : NULL, w.wq, N, C, Hl * D);
   mm_fwd(mr, a->k, a->h1, sv ? sv->h1 : NULL, w.wk, N, C, Kl * D);
@@ -559,16 +557,19 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
   tp_sum(mr, tmp, NC); /* row-parallel Wo: the group sums its partial outputs */
   k->add(a->x_mid, a->x_in, tmp, NC);
   KEEP(x_mid, NC);
-  k->rmsnorm_fwd(a->h2, a->rstd2, a->x_mid, w.mlp_norm, N, C, (float)m->norm_eps);
-  SAVE(h2, NC);
+  if (sv)
+    k->rmsnorm_fwd_bf16(sv->h2, a->rstd2, a->x_mid, w.mlp_norm, N, C, eps);
+  else
+    k->rmsnorm_fwd(a->h2, a->rstd2, a->x_mid, w.mlp_norm, N, C, eps);
   mm_fwd(mr, a->gate, a->h2, sv ? sv->h2 : NULL, w.w_gate, N, C, Fl);
   mm_fwd(mr, a->up, a->h2, sv ? sv->h2 : NULL, w.w_up, N, C, Fl);
   KEEP(gate, nf);
   KEEP(up, nf);
-  k->swiglu_fwd(a->act, a->gate, a->up, nf);
-  SAVE(act, nf);
+  if (sv)
+    k->swiglu_fwd_bf16(sv->act, a->gate, a->up, nf);
+  else
+    k->swiglu_fwd(a->act, a->gate, a->up, nf);
 #undef KEEP
-#undef SAVE
   mm_fwd(mr, tmp, a->act, sv ? sv->act : NULL, w.w_down, N, Fl, C);
   tp_sum(mr, tmp, (int64_t)N * C); /* row-parallel W_down */
   k->add(x_out, a->x_mid, tmp, (int64_t)N * C);
@@ -591,9 +592,16 @@ static void backward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_s
   uint16_t *o16 = mr->operand_half;
   /* x_out = x_mid + act·Wdᵀ: dx flows to x_mid unchanged */
   mm_bwd(mr, d1, g.w_down, dx, o16, a->act, sv ? sv->act : NULL, w.w_down, N, Fl, C); /* d act */
-  k->swiglu_bwd(d2, d3, d1, a->gate, a->up, (int64_t)N * Fl);       /* d gate, d up */
-  mm_bwd(mr, dh, g.w_gate, d2, o16, a->h2, sv ? sv->h2 : NULL, w.w_gate, N, C, Fl);
-  mm_bwd(mr, t, g.w_up, d3, o16, a->h2, sv ? sv->h2 : NULL, w.w_up, N, C, Fl);
+  if (sv) { /* the gradients of gate and up straight to bf16, in d2's room (2·wide halves) */
+    uint16_t *dgate = (uint16_t *)d2, *dup = dgate + (int64_t)N * Fl;
+    k->swiglu_bwd_bf16(dgate, dup, d1, a->gate, a->up, (int64_t)N * Fl);
+    k->matmul_bwd_bf16(dh, g.w_gate, dgate, sv->h2, half_of(mr, w.w_gate), N, C, Fl);
+    k->matmul_bwd_bf16(t, g.w_up, dup, sv->h2, half_of(mr, w.w_up), N, C, Fl);
+  } else {
+    k->swiglu_bwd(d2, d3, d1, a->gate, a->up, (int64_t)N * Fl); /* d gate, d up */
+    k->matmul_bwd(dh, g.w_gate, d2, a->h2, w.w_gate, N, C, Fl);
+    k->matmul_bwd(t, g.w_up, d3, a->h2, w.w_up, N, C, Fl);
+  }
   k->accumulate(dh, t, NC);
   tp_sum(mr, dh, NC); /* column-parallel gate/up: the group sums the input gradient */
   k->rmsnorm_bwd(t, g.mlp_norm, dh, a->x_mid, w.mlp_norm, a->rstd2, N, C);

@@ -83,6 +83,9 @@ typedef struct ff_kernels {
   /* dinp = (overwritten), dw += */
   void (*rmsnorm_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                       const float *rstd, int N, int C);
+  /* rmsnorm_fwd writing its output in bf16, rounded as to_bf16 rounds the fp32 result */
+  void (*rmsnorm_fwd_bf16)(uint16_t *out, float *rstd, const float *inp, const float *w, int N,
+                           int C, float eps);
 
   /* Rotary embedding in place on x(B, S, H, D), rotating pairs (2i, 2i+1) by angle
    * pos · theta^(-2i/D), pos = the token's index in its sequence. Backward rotates back. */
@@ -105,6 +108,12 @@ typedef struct ff_kernels {
   void (*swiglu_fwd)(float *out, const float *gate, const float *up, int64_t n);
   void (*swiglu_bwd)(float *dgate, float *dup, const float *dout, const float *gate,
                      const float *up, int64_t n);
+  /* The same two writing bf16 (rounded as to_bf16 rounds the fp32 results): where bf16 plans
+   * need only the bf16 copy, a matmul operand (the norm outputs, the SwiGLU product, and the
+   * gradients of gate and up). */
+  void (*swiglu_fwd_bf16)(uint16_t *out, const float *gate, const float *up, int64_t n);
+  void (*swiglu_bwd_bf16)(uint16_t *dgate, uint16_t *dup, const float *dout, const float *gate,
+                          const float *up, int64_t n);
 
   /* out = a + b over n (out may alias a); acc: out += a */
   void (*add)(float *out, const float *a, const float *b, int64_t n);

@@ -31,6 +31,7 @@ enum {
   ATTN_TILE = 128,  /* keys per tile of scores kept on the stack in attention_fwd */
   ROPE_CHUNK = 128, /* rotation pairs whose cos/sin are kept on the stack at once */
   BF16_TILE = 256,  /* rows and columns of a bf16 matmul block unpacked to fp32 at once */
+  BF16_CHUNK = 256, /* fp32 results kept on the stack before a bf16-writing kernel rounds them */
 };
 
 /* ---- memory ----------------------------------------------------------------------------- */
@@ -241,13 +242,37 @@ static void embedding_bwd(float *restrict dtable, const float *restrict dout,
 /* ---- RMSNorm ---------------------------------------------------------------------------- */
 
 /* inp, out (N, C), w (C), rstd (N): out = inp · rstd · w, rstd = 1 / sqrt(mean(inp²) + eps) */
+static float rms_inverse(const float *x, int C, float eps) {
+  return 1.0f / sqrtf(dot(x, x, C) / (float)C + eps);
+}
+
 static void rmsnorm_fwd(float *restrict out, float *restrict rstd, const float *restrict inp,
                         const float *restrict w, int N, int C, float eps) {
   for (int n = 0; n < N; n++) {
     const float *x = inp + (size_t)n * C;
     float *o = out + (size_t)n * C;
-    float r = 1.0f / sqrtf(dot(x, x, C) / (float)C + eps);
+    float r = rms_inverse(x, C, eps);
     for (int c = 0; c < C; c++) o[c] = x[c] * r * w[c];
+    rstd[n] = r;
+  }
+}
+
+static void to_bf16(uint16_t *restrict dst, const float *restrict src, int64_t n);
+
+/* The bf16-writing forms compute BF16_CHUNK fp32 results at a time on the stack, as the fp32
+ * forms do, and round them with to_bf16: the bits of the two passes, without their memory. */
+static void rmsnorm_fwd_bf16(uint16_t *restrict out, float *restrict rstd,
+                             const float *restrict inp, const float *restrict w, int N, int C,
+                             float eps) {
+  float tmp[BF16_CHUNK];
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C;
+    float r = rms_inverse(x, C, eps);
+    for (int c0 = 0; c0 < C; c0 += BF16_CHUNK) {
+      int m = C - c0 < BF16_CHUNK ? C - c0 : BF16_CHUNK;
+      for (int c = 0; c < m; c++) tmp[c] = x[c0 + c] * r * w[c0 + c];
+      to_bf16(out + (size_t)n * C + c0, tmp, m);
+    }
     rstd[n] = r;
   }
 }
@@ -444,6 +469,28 @@ static void swiglu_bwd(float *restrict dgate, float *restrict dup, const float *
   }
 }
 
+static void swiglu_fwd_bf16(uint16_t *restrict out, const float *restrict gate,
+                            const float *restrict up, int64_t n) {
+  float tmp[BF16_CHUNK];
+  for (int64_t i = 0; i < n; i += BF16_CHUNK) {
+    int64_t m = n - i < BF16_CHUNK ? n - i : BF16_CHUNK;
+    swiglu_fwd(tmp, gate + i, up + i, m);
+    to_bf16(out + i, tmp, m);
+  }
+}
+
+static void swiglu_bwd_bf16(uint16_t *restrict dgate, uint16_t *restrict dup,
+                            const float *restrict dout, const float *restrict gate,
+                            const float *restrict up, int64_t n) {
+  float tg[BF16_CHUNK], tu[BF16_CHUNK];
+  for (int64_t i = 0; i < n; i += BF16_CHUNK) {
+    int64_t m = n - i < BF16_CHUNK ? n - i : BF16_CHUNK;
+    swiglu_bwd(tg, tu, dout + i, gate + i, up + i, m);
+    to_bf16(dgate + i, tg, m);
+    to_bf16(dup + i, tu, m);
+  }
+}
+
 /* ---- elementwise ------------------------------------------------------------------------ */
 
 /* out, a, b (n): out = a + b; out may alias a (so no restrict) */
@@ -627,12 +674,15 @@ static const ff_kernels cpu_kernels = {
     .embedding_bwd = embedding_bwd,
     .rmsnorm_fwd = rmsnorm_fwd,
     .rmsnorm_bwd = rmsnorm_bwd,
+    .rmsnorm_fwd_bf16 = rmsnorm_fwd_bf16,
     .rope_fwd = rope_fwd,
     .rope_bwd = rope_bwd,
     .attention_fwd = attention_fwd,
     .attention_bwd = attention_bwd,
     .swiglu_fwd = swiglu_fwd,
     .swiglu_bwd = swiglu_bwd,
+    .swiglu_fwd_bf16 = swiglu_fwd_bf16,
+    .swiglu_bwd_bf16 = swiglu_bwd_bf16,
     .add = add,
     .accumulate = accumulate,
     .scale = scale,

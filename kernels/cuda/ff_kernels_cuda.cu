@@ -415,6 +415,13 @@ static void rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *
   FF_CUDA_LAUNCHED("rmsnorm_fwd");
 }
 
+static void rmsnorm_fwd_bf16(uint16_t *out, float *rstd, const float *inp, const float *w, int N,
+                             int C, float eps) {
+  if (N <= 0 || C <= 0) return;
+  rmsnorm_fwd_kernel<<<N, THREADS, 0, g.stream>>>(out, rstd, inp, w, C, eps);
+  FF_CUDA_LAUNCHED("rmsnorm_fwd_bf16");
+}
+
 static void rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp,
                         const float *w, const float *rstd, int N, int C) {
   if (N <= 0 || C <= 0) return;
@@ -453,6 +460,14 @@ static void swiglu_fwd(float *out, const float *gate, const float *up, int64_t n
 }
 static void swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
                        const float *up, int64_t n) {
+  LAUNCH_1D(swiglu_bwd_kernel, n, dgate, dup, dout, gate, up, n);
+}
+
+static void swiglu_fwd_bf16(uint16_t *out, const float *gate, const float *up, int64_t n) {
+  LAUNCH_1D(swiglu_fwd_kernel, n, out, gate, up, n);
+}
+static void swiglu_bwd_bf16(uint16_t *dgate, uint16_t *dup, const float *dout, const float *gate,
+                            const float *up, int64_t n) {
   LAUNCH_1D(swiglu_bwd_kernel, n, dgate, dup, dout, gate, up, n);
 }
 static void add(float *out, const float *a, const float *b, int64_t n) {
@@ -525,8 +540,9 @@ static const ff_kernels cuda_kernels = {
     /* .host_memory = */ false,
     cuda_alloc, cuda_release, cuda_zero, cuda_copy, cuda_copy, cuda_alloc_host, cuda_release_host,
     cuda_sync, cuda_memory, cuda_op_seconds, matmul_fwd, matmul_bwd, matmul_fwd_bf16,
-    matmul_bwd_bf16, embedding_fwd, embedding_bwd, rmsnorm_fwd, rmsnorm_bwd, rope_fwd, rope_bwd,
-    attention_fwd, attention_bwd, swiglu_fwd, swiglu_bwd, add, accumulate, scale, ce_row_max, ce_row_sum, ce_loss_grad, adamw,
+    matmul_bwd_bf16, embedding_fwd, embedding_bwd, rmsnorm_fwd, rmsnorm_bwd, rmsnorm_fwd_bf16,
+    rope_fwd, rope_bwd, attention_fwd, attention_bwd, swiglu_fwd, swiglu_bwd, swiglu_fwd_bf16,
+    swiglu_bwd_bf16, add, accumulate, scale, ce_row_max, ce_row_sum, ce_loss_grad, adamw,
     sum_squares, cuda_copy_rows, to_bf16, from_bf16,
 };
 

@@ -20,6 +20,19 @@ enum {
   RMS_W_ROWS = 8,     /* rmsnorm_bwd_w_kernel: row lanes per block of 32 columns */
 };
 
+/* to_bf16's rounding of one value: to nearest, ties to even; a NaN stays a NaN (quiet) */
+__device__ __forceinline__ uint16_t ff_bf16_bits(float v) {
+  uint32_t bits = __float_as_uint(v);
+  return (bits & 0x7fffffffu) > 0x7f800000u
+             ? (uint16_t)((bits >> 16) | 0x0040u)
+             : (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* A result stored as fp32, or as bf16 rounded as to_bf16 rounds: the kernels whose bf16 plans
+ * keep only a bf16 copy of their output write it so, with the same fp32 arithmetic. */
+__device__ __forceinline__ void ff_store(float *p, float v) { *p = v; }
+__device__ __forceinline__ void ff_store(uint16_t *p, float v) { *p = ff_bf16_bits(v); }
+
 /* out(N, C): one row per block */
 __global__ void embedding_fwd_kernel(float *out, const int32_t *tokens, const float *table, int C,
                                      int vocab_first, int vocab_end) {
@@ -43,15 +56,16 @@ __global__ void embedding_bwd_kernel(float *dtable, const float *dout, const int
   }
 }
 
-__global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *inp, const float *w,
-                                   int C, float eps) {
+template <typename T>
+__global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const float *inp, const float *w, int C,
+                                   float eps) {
   const float *x = inp + (size_t)blockIdx.x * C;
-  float *o = out + (size_t)blockIdx.x * C;
+  T *o = out + (size_t)blockIdx.x * C;
   float ss = 0.0f;
   for (int c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
   ss = ff_block_reduce(ss, ff_op_sum(), 0.0f);
   float r = 1.0f / sqrtf(ss / (float)C + eps);
-  for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = x[c] * r * w[c];
+  for (int c = threadIdx.x; c < C; c += blockDim.x) ff_store(&o[c], x[c] * r * w[c]);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
@@ -103,16 +117,18 @@ __global__ void rope_kernel(float *x, int S, int H, int D, float theta, float si
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-__global__ void swiglu_fwd_kernel(float *out, const float *gate, const float *up, int64_t n) {
-  FF_GRID_STRIDE(i, n) out[i] = gate[i] * sigmoidf_(gate[i]) * up[i];
+template <typename T>
+__global__ void swiglu_fwd_kernel(T *out, const float *gate, const float *up, int64_t n) {
+  FF_GRID_STRIDE(i, n) ff_store(&out[i], gate[i] * sigmoidf_(gate[i]) * up[i]);
 }
 
-__global__ void swiglu_bwd_kernel(float *dgate, float *dup, const float *dout, const float *gate,
+template <typename T>
+__global__ void swiglu_bwd_kernel(T *dgate, T *dup, const float *dout, const float *gate,
                                   const float *up, int64_t n) {
   FF_GRID_STRIDE(i, n) {
     float gt = gate[i], sg = sigmoidf_(gt), dy = dout[i], u = up[i];
-    dup[i] = dy * gt * sg;
-    dgate[i] = dy * u * sg * (1.0f + gt * (1.0f - sg));
+    ff_store(&dup[i], dy * gt * sg);
+    ff_store(&dgate[i], dy * u * sg * (1.0f + gt * (1.0f - sg)));
   }
 }
 
@@ -195,12 +211,7 @@ __global__ void sumsq_final_kernel(double *partial, int blocks) {
 }
 
 __global__ void to_bf16_kernel(uint16_t *dst, const float *src, int64_t n) {
-  FF_GRID_STRIDE(i, n) {
-    uint32_t bits = __float_as_uint(src[i]);
-    dst[i] = (bits & 0x7fffffffu) > 0x7f800000u
-                 ? (uint16_t)((bits >> 16) | 0x0040u)
-                 : (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-  }
+  FF_GRID_STRIDE(i, n) dst[i] = ff_bf16_bits(src[i]);
 }
 
 __global__ void from_bf16_kernel(float *dst, const uint16_t *src, int64_t n) {

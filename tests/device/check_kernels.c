@@ -232,6 +232,79 @@ static void check_bf16(int64_t n) {
   drop(x), drop(back);
 }
 
+/* The bf16-writing forms (rmsnorm_fwd_bf16, swiglu_fwd_bf16, swiglu_bwd_bf16): on each backend
+ * the bits of the fp32 form rounded by to_bf16, and the GPU's against the CPU's as values, to
+ * one bf16 step (1e-2), where the two fp32 results round apart. */
+static uint16_t *gpu_halves(int64_t n) {
+  uint16_t *h = gpu->alloc((size_t)n * 2);
+  uint16_t *poison = malloc((size_t)n * 2);
+  if (!h || !poison) {
+    fprintf(stderr, "check_kernels: out of memory\n");
+    exit(1);
+  }
+  for (int64_t i = 0; i < n; i++) poison[i] = 0xffff; /* a NaN */
+  gpu->to_device(h, poison, (size_t)n * 2);
+  free(poison);
+  return h;
+}
+
+/* got (bf16, on the GPU) against to_bf16 of the GPU's fp32 result; then as values against the
+ * CPU's bf16 form (cpu_half), through `as_values`, an output pair */
+static void check_rounded(const char *what, const uint16_t *got, const float *fp32_g,
+                          const uint16_t *cpu_half, pair as_values) {
+  int64_t n = as_values.n;
+  uint16_t *want_g = gpu_halves(n), *a = malloc((size_t)n * 2), *b = malloc((size_t)n * 2);
+  if (!a || !b) {
+    fprintf(stderr, "check_kernels: out of memory\n");
+    exit(1);
+  }
+  gpu->to_bf16(want_g, fp32_g, n);
+  gpu->to_host(a, got, (size_t)n * 2);
+  gpu->to_host(b, want_g, (size_t)n * 2);
+  bool same = memcmp(a, b, (size_t)n * 2) == 0;
+  checks++;
+  if (!same) failures++;
+  printf("%-44s %-4s  the GPU's fp32 result rounded, bit for bit\n", what, same ? "ok" : "FAIL");
+  cpu->from_bf16(as_values.c, cpu_half, n);
+  gpu->from_bf16(as_values.g, got, n);
+  char name[96];
+  snprintf(name, sizeof name, "%s (values)", what);
+  check(name, as_values, 1e-2);
+  free(a), free(b);
+  gpu->release(want_g);
+}
+
+static void check_bf16_forms(int N, int C, int64_t n) {
+  pair x = make((int64_t)N * C, 2), w = make(C, 1), y = output((int64_t)N * C), r = output(N);
+  pair r16 = output(N), vals = output((int64_t)N * C);
+  uint16_t *hc = cpu->alloc((size_t)N * C * 2), *hg = gpu_halves((int64_t)N * C);
+  cpu->rmsnorm_fwd_bf16(hc, r16.c, x.c, w.c, N, C, 1e-5f);
+  gpu->rmsnorm_fwd(y.g, r.g, x.g, w.g, N, C, 1e-5f);
+  gpu->rmsnorm_fwd_bf16(hg, r16.g, x.g, w.g, N, C, 1e-5f);
+  check_rounded("rmsnorm_fwd_bf16 out", hg, y.g, hc, vals);
+  check("rmsnorm_fwd_bf16 rstd", r16, 1e-5);
+  cpu->release(hc);
+  gpu->release(hg);
+  drop(x), drop(w), drop(y), drop(r), drop(r16), drop(vals);
+  pair gate = make(n, 4), up = make(n, 1), dout = make(n, 1), f = output(n), df = output(n);
+  pair v1 = output(n), v2 = output(n), v3 = output(n);
+  uint16_t *c1 = cpu->alloc((size_t)n * 2), *c2 = cpu->alloc((size_t)n * 2);
+  uint16_t *c3 = cpu->alloc((size_t)n * 2);
+  uint16_t *g1 = gpu_halves(n), *g2 = gpu_halves(n), *g3 = gpu_halves(n);
+  cpu->swiglu_fwd_bf16(c1, gate.c, up.c, n);
+  gpu->swiglu_fwd(f.g, gate.g, up.g, n);
+  gpu->swiglu_fwd_bf16(g1, gate.g, up.g, n);
+  check_rounded("swiglu_fwd_bf16", g1, f.g, c1, v1);
+  cpu->swiglu_bwd_bf16(c2, c3, dout.c, gate.c, up.c, n);
+  gpu->swiglu_bwd(f.g, df.g, dout.g, gate.g, up.g, n);
+  gpu->swiglu_bwd_bf16(g2, g3, dout.g, gate.g, up.g, n);
+  check_rounded("swiglu_bwd_bf16 dgate", g2, f.g, c2, v2);
+  check_rounded("swiglu_bwd_bf16 dup", g3, df.g, c3, v3);
+  cpu->release(c1), cpu->release(c2), cpu->release(c3);
+  gpu->release(g1), gpu->release(g2), gpu->release(g3);
+  drop(gate), drop(up), drop(dout), drop(f), drop(df), drop(v1), drop(v2), drop(v3);
+}
+
 /* Self mode: the checker must fail a kernel that leaves an element unwritten, writes before its
  * output, or compares against a broken reference. Each case runs check() on a doctored pair and
  * counts as passed when check() fails it. */
@@ -396,6 +469,7 @@ int main(int argc, char **argv) {
   if (self) check_the_checker();
   check_copy_rows(33, 40, 96);
   check_bf16(100003);
+  check_bf16_forms(77, 2048, 100003);
   check_embedding(154, 96, 256, 40, 200);
   check_embedding(50, 300, 64, 0, 64);           /* C past one block of threads */
   check_rmsnorm(154, 2048);

@@ -4,7 +4,8 @@
  * backend, as tests/device/check_kernels does on a GPU: every operation but the matmuls (cuBLAS)
  * and the GEMM attention. Each error is max |emulated − cpu| / max |cpu| (NaN anywhere fails):
  *   the operations of ff_ops_kernels.cuh and the fused fp32 attention (ff_attention_kernels.cuh,
- *   the default), to 1e-5, bf16 storage bit for bit, the sum of squares to 1e-9;
+ *   the default), to 1e-5, bf16 storage bit for bit, the sum of squares to 1e-9, and the forms
+ *   that write bf16 bit for bit against their fp32 forms' results rounded;
  *   the bf16 tensor-core attention (ff_attention_tc_kernels.cuh, FF_ATTENTION=tensor), which
  *   rounds its inputs to bf16, to 1e-2.
  * The attention shapes cover a sequence shorter than a tile and not a multiple of one, every class
@@ -217,6 +218,21 @@ static const ff_kernels *cpu;
 
 static std::vector<float> nans(size_t n) { return std::vector<float>(n, NAN); }
 
+/* bf16 outputs start as bf16 NaN. */
+static std::vector<uint16_t> nan_halves(size_t n) { return std::vector<uint16_t>(n, 0xffff); }
+
+/* A kernel's bf16-writing form against its fp32 form on the same inputs: the fp32 results
+ * rounded by to_bf16, bit for bit. */
+static void check_rounds(const char *what, const std::vector<uint16_t> &got,
+                         const std::vector<float> &fp32) {
+  std::vector<uint16_t> want(fp32.size());
+  cpu->to_bf16(want.data(), fp32.data(), (int64_t)fp32.size());
+  bool same = memcmp(got.data(), want.data(), want.size() * 2) == 0;
+  checks++;
+  failures += !same;
+  printf("%-52s %-4s bit for bit\n", what, same ? "ok" : "FAIL");
+}
+
 /* One grid-stride kernel over n elements, as LAUNCH_1D does. */
 template <typename F> static void launch_1d(int64_t n, F body) {
   launch(blocks(ff_grid_for(n, THREADS)), blocks(THREADS), 0, body);
@@ -255,6 +271,15 @@ static void check_rmsnorm(int N, int C) {
   check(name, gout, out, 1e-5);
   snprintf(name, sizeof name, "rmsnorm_fwd N%d C%d: rstd", N, C);
   check(name, grstd, rstd, 1e-5);
+  std::vector<uint16_t> ghalf = nan_halves(x.size());
+  std::vector<float> grstd16 = nans(N);
+  launch(blocks(N), blocks(THREADS), 0, [&] {
+    rmsnorm_fwd_kernel(ghalf.data(), grstd16.data(), x.data(), w.data(), C, 1e-5f);
+  });
+  snprintf(name, sizeof name, "rmsnorm_fwd N%d C%d: bf16 out", N, C);
+  check_rounds(name, ghalf, gout);
+  snprintf(name, sizeof name, "rmsnorm_fwd N%d C%d: rstd with bf16 out", N, C);
+  check(name, grstd16, grstd, 0);
   std::vector<float> dout = random(x.size()), dx(x.size()), gdx = nans(x.size());
   std::vector<float> dw = random(C), gdw = dw;
   cpu->rmsnorm_bwd(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
@@ -293,6 +318,14 @@ static void check_elementwise(int64_t n) {
   });
   check("swiglu_bwd: dgate", gdg, dg, 1e-5);
   check("swiglu_bwd: dup", gdu, du, 1e-5);
+  std::vector<uint16_t> gh = nan_halves(n), ghg = nan_halves(n), ghu = nan_halves(n);
+  launch_1d(n, [&] { swiglu_fwd_kernel(gh.data(), gate.data(), up.data(), n); });
+  check_rounds("swiglu_fwd: bf16 out", gh, gout);
+  launch_1d(n, [&] {
+    swiglu_bwd_kernel(ghg.data(), ghu.data(), dout.data(), gate.data(), up.data(), n);
+  });
+  check_rounds("swiglu_bwd: bf16 dgate", ghg, gdg);
+  check_rounds("swiglu_bwd: bf16 dup", ghu, gdu);
   std::vector<float> sum(n), gsum = nans(n);
   cpu->add(sum.data(), gate.data(), up.data(), n);
   launch_1d(n, [&] { add_kernel(gsum.data(), gate.data(), up.data(), n); });

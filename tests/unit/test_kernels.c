@@ -255,6 +255,44 @@ static void bf16_matmuls_match_float64_on_the_bf16_values(void **state) {
   free(inp_d), free(w_d), free(dout_d), free(want), free(want_dinp), free(want_dw);
 }
 
+/* The bf16-writing forms give the bits of the fp32 form rounded by to_bf16, across the chunks
+ * they compute in (rows of 600, 1000 elements: ragged ends). */
+static void assert_rounds_of(const char *what, const uint16_t *got, const float *fp32, int64_t n) {
+  uint16_t *want = calloc((size_t)n, sizeof *want);
+  assert_non_null(want);
+  K->to_bf16(want, fp32, n);
+  for (int64_t i = 0; i < n; i++)
+    if (got[i] != want[i])
+      fail_msg("%s[%lld]: 0x%04x, to_bf16 of the fp32 result 0x%04x", what, (long long)i,
+               got[i], want[i]);
+  free(want);
+}
+
+static void bf16_writing_kernels_round_their_fp32_results(void **state) {
+  (void)state;
+  enum { RN = 3, RC = 600, SN = 1000 };
+  float *x = frandom(RN * RC, 2.0f, 51), *w = frandom(RC, 1.0f, 52), *out = fvec(RN * RC);
+  float *rstd = fvec(RN), *rstd16 = fvec(RN);
+  uint16_t *h = calloc(RN * RC, sizeof *h), *g16 = calloc(SN, sizeof *g16);
+  uint16_t *u16 = calloc(SN, sizeof *u16);
+  assert_true(h && g16 && u16);
+  K->rmsnorm_fwd(out, rstd, x, w, RN, RC, 1e-5f);
+  K->rmsnorm_fwd_bf16(h, rstd16, x, w, RN, RC, 1e-5f);
+  assert_rounds_of("rmsnorm_fwd_bf16", h, out, RN * RC);
+  assert_memory_equal(rstd, rstd16, RN * sizeof *rstd);
+  float *gate = frandom(SN, 4.0f, 53), *up = frandom(SN, 1.0f, 54), *dout = frandom(SN, 1.0f, 55);
+  float *act = fvec(SN), *dg = fvec(SN), *du = fvec(SN);
+  K->swiglu_fwd(act, gate, up, SN);
+  K->swiglu_fwd_bf16(g16, gate, up, SN);
+  assert_rounds_of("swiglu_fwd_bf16", g16, act, SN);
+  K->swiglu_bwd(dg, du, dout, gate, up, SN);
+  K->swiglu_bwd_bf16(g16, u16, dout, gate, up, SN);
+  assert_rounds_of("swiglu_bwd_bf16 dgate", g16, dg, SN);
+  assert_rounds_of("swiglu_bwd_bf16 dup", u16, du, SN);
+  free(x), free(w), free(out), free(rstd), free(rstd16), free(h), free(g16), free(u16);
+  free(gate), free(up), free(dout), free(act), free(dg), free(du);
+}
+
 /* ---- embedding -------------------------------------------------------------------------- */
 
 enum { EMB_N = 7, EMB_C = 8, EMB_FIRST = 3, EMB_END = 7 }; /* a shard of rows [3, 7) of 10 */
@@ -908,6 +946,7 @@ int main(void) {
       cmocka_unit_test(matmul_bwd_matches_finite_differences_and_accumulates_dw),
       cmocka_unit_test(matmul_bwd_with_null_dinp_only_accumulates_dw),
       cmocka_unit_test(bf16_matmuls_match_float64_on_the_bf16_values),
+      cmocka_unit_test(bf16_writing_kernels_round_their_fp32_results),
       cmocka_unit_test(embedding_fwd_copies_shard_rows_and_zeros_tokens_off_the_shard),
       cmocka_unit_test(embedding_bwd_adds_dout_to_shard_rows_and_ignores_tokens_off_the_shard),
       cmocka_unit_test(rmsnorm_fwd_scales_rows_by_reciprocal_rms_and_weight),

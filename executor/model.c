@@ -501,7 +501,7 @@ static ff_layer_acts *load_layer(ff_model_rank *mr, int slot, int64_t l, int64_t
   *saved = sv;
   const ff_kernels *k = mr->k;
   dims d = model_dims(mr, b * mr->model->seq_len);
-  int64_t NC = d.N * d.C, nq = d.N * d.Hl * d.D, nk = d.N * d.Kl * d.D, nf = d.N * d.Fl;
+  int64_t NC = d.N * d.C, nq = d.N * d.Hl * d.D, nk = d.N * d.Kl * d.D;
   if (mr->recompute_full) {
     if (sv)
       k->from_bf16(a->x_in, sv->x_in, NC);
@@ -515,9 +515,7 @@ static ff_layer_acts *load_layer(ff_model_rank *mr, int slot, int64_t l, int64_t
   k->from_bf16(a->k, sv->k, nk);
   k->from_bf16(a->v, sv->v, nk);
   k->from_bf16(a->att, sv->att, nq);
-  k->from_bf16(a->x_mid, sv->x_mid, NC);
-  k->from_bf16(a->gate, sv->gate, nf);
-  k->from_bf16(a->up, sv->up, nf);
+  k->from_bf16(a->x_mid, sv->x_mid, NC); /* nor gate and up: SwiGLU reads them in bf16 */
   return a;
 }
 
@@ -534,7 +532,8 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
   int64_t nf = (int64_t)N * Fl;
 #define KEEP(field, n) keep(mr, sv ? sv->field : NULL, a->field, n)
   /* h1, h2 and act only feed matmuls, which read the bf16 copy, and the backward reads only the
-   * copy too (mm_bwd): under bf16 storage the kernels write the copy alone, never unpacked */
+   * copy too (mm_bwd): under bf16 storage the kernels write the copy alone, never unpacked;
+   * gate and up likewise, which only SwiGLU reads */
   float eps = (float)m->norm_eps;
   KEEP(x_in, NC);
   if (sv)
@@ -561,14 +560,15 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
     k->rmsnorm_fwd_bf16(sv->h2, a->rstd2, a->x_mid, w.mlp_norm, N, C, eps);
   else
     k->rmsnorm_fwd(a->h2, a->rstd2, a->x_mid, w.mlp_norm, N, C, eps);
-  mm_fwd(mr, a->gate, a->h2, sv ? sv->h2 : NULL, w.w_gate, N, C, Fl);
-  mm_fwd(mr, a->up, a->h2, sv ? sv->h2 : NULL, w.w_up, N, C, Fl);
-  KEEP(gate, nf);
-  KEEP(up, nf);
-  if (sv)
-    k->swiglu_fwd_bf16(sv->act, a->gate, a->up, nf);
-  else
+  if (sv) { /* gate and up, read only by SwiGLU, straight out of their matmuls in bf16 */
+    k->matmul_fwd_bf16_rounded(sv->gate, sv->h2, half_of(mr, w.w_gate), N, C, Fl);
+    k->matmul_fwd_bf16_rounded(sv->up, sv->h2, half_of(mr, w.w_up), N, C, Fl);
+    k->swiglu_fwd_bf16(sv->act, sv->gate, sv->up, nf);
+  } else {
+    k->matmul_fwd(a->gate, a->h2, w.w_gate, N, C, Fl);
+    k->matmul_fwd(a->up, a->h2, w.w_up, N, C, Fl);
     k->swiglu_fwd(a->act, a->gate, a->up, nf);
+  }
 #undef KEEP
   mm_fwd(mr, tmp, a->act, sv ? sv->act : NULL, w.w_down, N, Fl, C);
   tp_sum(mr, tmp, (int64_t)N * C); /* row-parallel W_down */
@@ -594,7 +594,7 @@ static void backward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_s
   mm_bwd(mr, d1, g.w_down, dx, o16, a->act, sv ? sv->act : NULL, w.w_down, N, Fl, C); /* d act */
   if (sv) { /* the gradients of gate and up straight to bf16, in d2's room (2·wide halves) */
     uint16_t *dgate = (uint16_t *)d2, *dup = dgate + (int64_t)N * Fl;
-    k->swiglu_bwd_bf16(dgate, dup, d1, a->gate, a->up, (int64_t)N * Fl);
+    k->swiglu_bwd_bf16(dgate, dup, d1, sv->gate, sv->up, (int64_t)N * Fl);
     k->matmul_bwd_bf16(dh, g.w_gate, dgate, sv->h2, half_of(mr, w.w_gate), N, C, Fl);
     k->matmul_bwd_bf16(t, g.w_up, dup, sv->h2, half_of(mr, w.w_up), N, C, Fl);
   } else {

@@ -68,6 +68,10 @@ typedef struct ff_kernels {
                           int Out);
   void (*matmul_bwd_bf16)(float *dinp, float *dw, const uint16_t *dout, const uint16_t *inp,
                           const uint16_t *w, int N, int In, int Out);
+  /* matmul_fwd_bf16 with its fp32 result rounded to bf16 (as to_bf16 rounds) on the way out:
+   * for outputs bf16 plans keep only in bf16 (gate, up) */
+  void (*matmul_fwd_bf16_rounded)(uint16_t *out, const uint16_t *inp, const uint16_t *w, int N,
+                                  int In, int Out);
 
   /* out(N, C) = table[tok - vocab_first] for tokens in [vocab_first, vocab_end), else 0 (a
    * vocabulary shard; the TP group sums the partial rows). table is (vocab_end-vocab_first, C). */
@@ -108,12 +112,12 @@ typedef struct ff_kernels {
   void (*swiglu_fwd)(float *out, const float *gate, const float *up, int64_t n);
   void (*swiglu_bwd)(float *dgate, float *dup, const float *dout, const float *gate,
                      const float *up, int64_t n);
-  /* The same two writing bf16 (rounded as to_bf16 rounds the fp32 results): where bf16 plans
-   * need only the bf16 copy, a matmul operand (the norm outputs, the SwiGLU product, and the
-   * gradients of gate and up). */
-  void (*swiglu_fwd_bf16)(uint16_t *out, const float *gate, const float *up, int64_t n);
-  void (*swiglu_bwd_bf16)(uint16_t *dgate, uint16_t *dup, const float *dout, const float *gate,
-                          const float *up, int64_t n);
+  /* The same two on bf16 gate and up, writing bf16 (the fp32 results rounded as to_bf16
+   * rounds): bf16 plans keep gate and up in bf16 only, and the SwiGLU product and the gradients
+   * of gate and up are matmul operands. */
+  void (*swiglu_fwd_bf16)(uint16_t *out, const uint16_t *gate, const uint16_t *up, int64_t n);
+  void (*swiglu_bwd_bf16)(uint16_t *dgate, uint16_t *dup, const float *dout,
+                          const uint16_t *gate, const uint16_t *up, int64_t n);
 
   /* out = a + b over n (out may alias a); acc: out += a */
   void (*add)(float *out, const float *a, const float *b, int64_t n);

@@ -157,6 +157,9 @@ static void matmul_bwd_untimed(float *dinp, float *dw, const float *dout, const 
  * multiplied by sgemm, the K blocks accumulating into C in order. Tiles keep memory fixed
  * ("nothing allocates"); unpacking costs one pass per BF16_TILE multiply-adds of a block. */
 static float bf16_tile_a[BF16_TILE * BF16_TILE], bf16_tile_b[BF16_TILE * BF16_TILE];
+static float bf16_tile_c[BF16_TILE * BF16_TILE];
+
+static void to_bf16(uint16_t *restrict dst, const float *restrict src, int64_t n);
 
 /* rows × cols of src (row-major, ld) at (r0, c0) into tile (row-major, ld cols) */
 static void unpack_block(float *restrict tile, const uint16_t *restrict src, int64_t ld, int r0,
@@ -171,13 +174,17 @@ static void unpack_block(float *restrict tile, const uint16_t *restrict src, int
   }
 }
 
+/* With C16 instead of C (beta 0), each block of C is made in a static fp32 tile and rounded
+ * into C16 by to_bf16 once its K blocks are summed: the fp32 product, rounded. */
 static void gemm_bf16(bool ta, bool tb, int M, int N, int K, const uint16_t *A, int lda,
-                      const uint16_t *B, int ldb, float beta, float *C, int ldc) {
+                      const uint16_t *B, int ldb, float beta, float *C, uint16_t *C16, int ldc) {
   for (int m0 = 0; m0 < M; m0 += BF16_TILE)
-    for (int n0 = 0; n0 < N; n0 += BF16_TILE)
+    for (int n0 = 0; n0 < N; n0 += BF16_TILE) {
+      int mb = M - m0 < BF16_TILE ? M - m0 : BF16_TILE;
+      int nb = N - n0 < BF16_TILE ? N - n0 : BF16_TILE;
+      float *c = C16 ? bf16_tile_c : C + (int64_t)m0 * ldc + n0;
+      int ld = C16 ? nb : ldc;
       for (int k0 = 0; k0 < K; k0 += BF16_TILE) {
-        int mb = M - m0 < BF16_TILE ? M - m0 : BF16_TILE;
-        int nb = N - n0 < BF16_TILE ? N - n0 : BF16_TILE;
         int kb = K - k0 < BF16_TILE ? K - k0 : BF16_TILE;
         /* op(A) is (M, K): A is (M, K), or (K, M) when transposed; op(B) likewise (K, N) */
         if (ta) unpack_block(bf16_tile_a, A, lda, k0, m0, kb, mb);
@@ -186,8 +193,12 @@ static void gemm_bf16(bool ta, bool tb, int M, int N, int K, const uint16_t *A, 
         else unpack_block(bf16_tile_b, B, ldb, k0, n0, kb, nb);
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     mb, nb, kb, 1.0f, bf16_tile_a, ta ? mb : kb, bf16_tile_b, tb ? kb : nb,
-                    k0 == 0 ? beta : 1.0f, C + (int64_t)m0 * ldc + n0, ldc);
+                    k0 == 0 ? beta : 1.0f, c, ld);
       }
+      if (C16)
+        for (int r = 0; r < mb; r++)
+          to_bf16(C16 + (int64_t)(m0 + r) * ldc + n0, bf16_tile_c + (int64_t)r * nb, nb);
+    }
 }
 
 static void matmul_fwd_bf16_untimed(float *out, const uint16_t *inp, const uint16_t *w, int N,
@@ -197,7 +208,17 @@ static void matmul_fwd_bf16_untimed(float *out, const uint16_t *inp, const uint1
     memset(out, 0, (size_t)N * (size_t)Out * sizeof *out);
     return;
   }
-  gemm_bf16(false, true, N, Out, In, inp, In, w, In, 0.0f, out, Out);
+  gemm_bf16(false, true, N, Out, In, inp, In, w, In, 0.0f, out, NULL, Out);
+}
+
+static void matmul_fwd_bf16_rounded_untimed(uint16_t *out, const uint16_t *inp, const uint16_t *w,
+                                            int N, int In, int Out) {
+  if (N <= 0 || Out <= 0) return;
+  if (In <= 0) {
+    memset(out, 0, (size_t)N * (size_t)Out * sizeof *out);
+    return;
+  }
+  gemm_bf16(false, true, N, Out, In, inp, In, w, In, 0.0f, NULL, out, Out);
 }
 
 static void matmul_bwd_bf16_untimed(float *dinp, float *dw, const uint16_t *dout,
@@ -208,8 +229,8 @@ static void matmul_bwd_bf16_untimed(float *dinp, float *dw, const uint16_t *dout
     if (dinp) memset(dinp, 0, (size_t)N * (size_t)In * sizeof *dinp);
     return;
   }
-  if (dinp) gemm_bf16(false, false, N, In, Out, dout, Out, w, In, 0.0f, dinp, In);
-  if (dw) gemm_bf16(true, false, Out, In, N, dout, Out, inp, In, 1.0f, dw, In);
+  if (dinp) gemm_bf16(false, false, N, In, Out, dout, Out, w, In, 0.0f, dinp, NULL, In);
+  if (dw) gemm_bf16(true, false, Out, In, N, dout, Out, inp, In, 1.0f, dw, NULL, In);
 }
 
 /* ---- embedding -------------------------------------------------------------------------- */
@@ -256,8 +277,6 @@ static void rmsnorm_fwd(float *restrict out, float *restrict rstd, const float *
     rstd[n] = r;
   }
 }
-
-static void to_bf16(uint16_t *restrict dst, const float *restrict src, int64_t n);
 
 /* The bf16-writing forms compute BF16_CHUNK fp32 results at a time on the stack, as the fp32
  * forms do, and round them with to_bf16: the bits of the two passes, without their memory. */
@@ -469,23 +488,29 @@ static void swiglu_bwd(float *restrict dgate, float *restrict dup, const float *
   }
 }
 
-static void swiglu_fwd_bf16(uint16_t *restrict out, const float *restrict gate,
-                            const float *restrict up, int64_t n) {
-  float tmp[BF16_CHUNK];
+static void from_bf16(float *restrict dst, const uint16_t *restrict src, int64_t n);
+
+static void swiglu_fwd_bf16(uint16_t *restrict out, const uint16_t *restrict gate,
+                            const uint16_t *restrict up, int64_t n) {
+  float g[BF16_CHUNK], u[BF16_CHUNK], tmp[BF16_CHUNK];
   for (int64_t i = 0; i < n; i += BF16_CHUNK) {
     int64_t m = n - i < BF16_CHUNK ? n - i : BF16_CHUNK;
-    swiglu_fwd(tmp, gate + i, up + i, m);
+    from_bf16(g, gate + i, m);
+    from_bf16(u, up + i, m);
+    swiglu_fwd(tmp, g, u, m);
     to_bf16(out + i, tmp, m);
   }
 }
 
 static void swiglu_bwd_bf16(uint16_t *restrict dgate, uint16_t *restrict dup,
-                            const float *restrict dout, const float *restrict gate,
-                            const float *restrict up, int64_t n) {
-  float tg[BF16_CHUNK], tu[BF16_CHUNK];
+                            const float *restrict dout, const uint16_t *restrict gate,
+                            const uint16_t *restrict up, int64_t n) {
+  float g[BF16_CHUNK], u[BF16_CHUNK], tg[BF16_CHUNK], tu[BF16_CHUNK];
   for (int64_t i = 0; i < n; i += BF16_CHUNK) {
     int64_t m = n - i < BF16_CHUNK ? n - i : BF16_CHUNK;
-    swiglu_bwd(tg, tu, dout + i, gate + i, up + i, m);
+    from_bf16(g, gate + i, m);
+    from_bf16(u, up + i, m);
+    swiglu_bwd(tg, tu, dout + i, g, u, m);
     to_bf16(dgate + i, tg, m);
     to_bf16(dup + i, tu, m);
   }
@@ -637,6 +662,11 @@ static void matmul_bwd_bf16(float *dinp, float *dw, const uint16_t *dout, const 
   TIMED(cpu_matmul_seconds, matmul_bwd_bf16_untimed(dinp, dw, dout, inp, w, N, In, Out));
 }
 
+static void matmul_fwd_bf16_rounded(uint16_t *out, const uint16_t *inp, const uint16_t *w, int N,
+                                    int In, int Out) {
+  TIMED(cpu_matmul_seconds, matmul_fwd_bf16_rounded_untimed(out, inp, w, N, In, Out));
+}
+
 static void attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                           int B, int S, int Hq, int Hkv, int D, int q_first, int kv_first,
                           int group) {
@@ -670,6 +700,7 @@ static const ff_kernels cpu_kernels = {
     .matmul_bwd = matmul_bwd,
     .matmul_fwd_bf16 = matmul_fwd_bf16,
     .matmul_bwd_bf16 = matmul_bwd_bf16,
+    .matmul_fwd_bf16_rounded = matmul_fwd_bf16_rounded,
     .embedding_fwd = embedding_fwd,
     .embedding_bwd = embedding_bwd,
     .rmsnorm_fwd = rmsnorm_fwd,

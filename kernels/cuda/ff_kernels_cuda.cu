@@ -35,7 +35,8 @@ enum { OP_MATMUL, OP_ATTENTION, OP_KINDS };
 
 typedef struct gemm_entry {
   int ta, tb, m, n, k, lda, ldb, ldc, accumulate, align_a, align_b, align_c;
-  int bf16; /* operands A and B in bf16 (C stays fp32) */
+  int bf16;     /* operands A and B in bf16 */
+  int out_bf16; /* C (and D) in bf16 too: the fp32 result rounded on the way out */
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t a, b, c;
   cublasLtMatmulAlgo_t algo;
@@ -230,7 +231,8 @@ static gemm_entry *gemm_plan(const gemm_entry *key) {
     if (e->ta == key->ta && e->tb == key->tb && e->m == key->m && e->n == key->n &&
         e->k == key->k && e->lda == key->lda && e->ldb == key->ldb && e->ldc == key->ldc &&
         e->accumulate == key->accumulate && e->align_a == key->align_a &&
-        e->align_b == key->align_b && e->align_c == key->align_c && e->bf16 == key->bf16)
+        e->align_b == key->align_b && e->align_c == key->align_c && e->bf16 == key->bf16 &&
+        e->out_bf16 == key->out_bf16)
       return e;
   }
   gemm_entry *e = g.n_gemm < GEMM_CACHE ? &g.gemm[g.n_gemm++] : &g.gemm[GEMM_CACHE - 1];
@@ -250,7 +252,8 @@ static gemm_entry *gemm_plan(const gemm_entry *key) {
                                              e->ta ? e->m : e->k, e->lda));
   FF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->b, operand, e->tb ? e->n : e->k,
                                              e->tb ? e->k : e->n, e->ldb));
-  FF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->c, CUDA_R_32F, e->m, e->n, e->ldc));
+  FF_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->c, e->out_bf16 ? CUDA_R_16BF : CUDA_R_32F, e->m,
+                                             e->n, e->ldc));
   cublasLtMatmulPreference_t pref;
   FF_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   uint64_t ws = WORKSPACE_BYTES;
@@ -278,13 +281,14 @@ static gemm_entry *gemm_plan(const gemm_entry *key) {
 }
 
 /* Column-major C(m, n) = op(A) · op(B) (+ C when accumulate), cuBLAS's convention; A and B are
- * fp32, or bf16 when `bf16`. */
+ * fp32, or bf16 when `bf16`; C is fp32, or bf16 when `out_bf16` (with bf16 operands only). */
 static void gemm(int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
-                 int ldb, bool accumulate, float *C, int ldc, bool bf16) {
+                 int ldb, bool accumulate, void *C, int ldc, bool bf16, bool out_bf16 = false) {
   gemm_entry key;
   memset(&key, 0, sizeof key);
   key.ta = ta; key.tb = tb; key.m = m; key.n = n; key.k = k;
   key.lda = lda; key.ldb = ldb; key.ldc = ldc; key.accumulate = accumulate; key.bf16 = bf16;
+  key.out_bf16 = out_bf16;
   key.align_a = alignment_of(A); key.align_b = alignment_of(B); key.align_c = alignment_of(C);
   gemm_entry *e = gemm_plan(&key);
   float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -296,23 +300,24 @@ static void gemm(int ta, int tb, int m, int n, int k, const void *A, int lda, co
   cudaDataType_t operand = bf16 ? CUDA_R_16BF : CUDA_R_32F;
   FF_CUBLAS_CHECK(cublasGemmEx(g.blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                m, n, k, &alpha, A, operand, lda, B, operand, ldb, &beta, C,
-                               CUDA_R_32F, ldc, gemm_compute(bf16), CUBLAS_GEMM_DEFAULT));
+                               out_bf16 ? CUDA_R_16BF : CUDA_R_32F, ldc, gemm_compute(bf16),
+                               CUBLAS_GEMM_DEFAULT));
 }
 
 /* Row-major X(r, c) is column-major Xᵀ(c, r) with ld c, so each row-major product below is
  * written as its transpose. */
 
 /* out(N, Out) = inp(N, In) · w(Out, In)ᵀ  ⇔  outᵀ(Out, N) = w · inpᵀ; operands fp32, or bf16
- * when `bf16` */
-static void matmul_forward(float *out, const void *inp, const void *w, int N, int In, int Out,
-                           bool bf16) {
+ * when `bf16`; out fp32, or bf16 when `out_bf16` */
+static void matmul_forward(void *out, const void *inp, const void *w, int N, int In, int Out,
+                           bool bf16, bool out_bf16) {
   if (N <= 0 || Out <= 0) return;
   if (In <= 0) {
-    cuda_zero(out, (size_t)N * (size_t)Out * sizeof *out);
+    cuda_zero(out, (size_t)N * (size_t)Out * (out_bf16 ? 2 : 4));
     return;
   }
   int t = op_begin(OP_MATMUL);
-  gemm(1, 0, Out, N, In, w, In, inp, In, false, out, Out, bf16);
+  gemm(1, 0, Out, N, In, w, In, inp, In, false, out, Out, bf16, out_bf16);
   op_end(t);
 }
 
@@ -332,7 +337,7 @@ static void matmul_backward(float *dinp, float *dw, const void *dout, const void
 }
 
 static void matmul_fwd(float *out, const float *inp, const float *w, int N, int In, int Out) {
-  matmul_forward(out, inp, w, N, In, Out, false);
+  matmul_forward(out, inp, w, N, In, Out, false, false);
 }
 
 static void matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
@@ -343,7 +348,12 @@ static void matmul_bwd(float *dinp, float *dw, const float *dout, const float *i
 /* The same products on bf16 operands: tensor cores, fp32 accumulation, fp32 outputs. */
 static void matmul_fwd_bf16(float *out, const uint16_t *inp, const uint16_t *w, int N, int In,
                             int Out) {
-  matmul_forward(out, inp, w, N, In, Out, true);
+  matmul_forward(out, inp, w, N, In, Out, true, false);
+}
+
+static void matmul_fwd_bf16_rounded(uint16_t *out, const uint16_t *inp, const uint16_t *w, int N,
+                                    int In, int Out) {
+  matmul_forward(out, inp, w, N, In, Out, true, true);
 }
 
 static void matmul_bwd_bf16(float *dinp, float *dw, const uint16_t *dout, const uint16_t *inp,
@@ -463,11 +473,11 @@ static void swiglu_bwd(float *dgate, float *dup, const float *dout, const float 
   LAUNCH_1D(swiglu_bwd_kernel, n, dgate, dup, dout, gate, up, n);
 }
 
-static void swiglu_fwd_bf16(uint16_t *out, const float *gate, const float *up, int64_t n) {
+static void swiglu_fwd_bf16(uint16_t *out, const uint16_t *gate, const uint16_t *up, int64_t n) {
   LAUNCH_1D(swiglu_fwd_kernel, n, out, gate, up, n);
 }
-static void swiglu_bwd_bf16(uint16_t *dgate, uint16_t *dup, const float *dout, const float *gate,
-                            const float *up, int64_t n) {
+static void swiglu_bwd_bf16(uint16_t *dgate, uint16_t *dup, const float *dout,
+                            const uint16_t *gate, const uint16_t *up, int64_t n) {
   LAUNCH_1D(swiglu_bwd_kernel, n, dgate, dup, dout, gate, up, n);
 }
 static void add(float *out, const float *a, const float *b, int64_t n) {
@@ -540,7 +550,7 @@ static const ff_kernels cuda_kernels = {
     /* .host_memory = */ false,
     cuda_alloc, cuda_release, cuda_zero, cuda_copy, cuda_copy, cuda_alloc_host, cuda_release_host,
     cuda_sync, cuda_memory, cuda_op_seconds, matmul_fwd, matmul_bwd, matmul_fwd_bf16,
-    matmul_bwd_bf16, embedding_fwd, embedding_bwd, rmsnorm_fwd, rmsnorm_bwd, rmsnorm_fwd_bf16,
+    matmul_bwd_bf16, matmul_fwd_bf16_rounded, embedding_fwd, embedding_bwd, rmsnorm_fwd, rmsnorm_bwd, rmsnorm_fwd_bf16,
     rope_fwd, rope_bwd, attention_fwd, attention_bwd, swiglu_fwd, swiglu_bwd, swiglu_fwd_bf16,
     swiglu_bwd_bf16, add, accumulate, scale, ce_row_max, ce_row_sum, ce_loss_grad, adamw,
     sum_squares, cuda_copy_rows, to_bf16, from_bf16,

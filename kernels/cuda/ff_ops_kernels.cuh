@@ -33,6 +33,12 @@ __device__ __forceinline__ uint16_t ff_bf16_bits(float v) {
 __device__ __forceinline__ void ff_store(float *p, float v) { *p = v; }
 __device__ __forceinline__ void ff_store(uint16_t *p, float v) { *p = ff_bf16_bits(v); }
 
+/* An input read as fp32, or from bf16 (exactly) */
+__device__ __forceinline__ float ff_load(const float *p) { return *p; }
+__device__ __forceinline__ float ff_load(const uint16_t *p) {
+  return __uint_as_float((uint32_t)*p << 16);
+}
+
 /* out(N, C): one row per block */
 __global__ void embedding_fwd_kernel(float *out, const int32_t *tokens, const float *table, int C,
                                      int vocab_first, int vocab_end) {
@@ -117,16 +123,20 @@ __global__ void rope_kernel(float *x, int S, int H, int D, float theta, float si
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-template <typename T>
-__global__ void swiglu_fwd_kernel(T *out, const float *gate, const float *up, int64_t n) {
-  FF_GRID_STRIDE(i, n) ff_store(&out[i], gate[i] * sigmoidf_(gate[i]) * up[i]);
+/* T: the output type, G: gate's and up's (bf16 plans: both bf16) */
+template <typename T, typename G>
+__global__ void swiglu_fwd_kernel(T *out, const G *gate, const G *up, int64_t n) {
+  FF_GRID_STRIDE(i, n) {
+    float gt = ff_load(&gate[i]);
+    ff_store(&out[i], gt * sigmoidf_(gt) * ff_load(&up[i]));
+  }
 }
 
-template <typename T>
-__global__ void swiglu_bwd_kernel(T *dgate, T *dup, const float *dout, const float *gate,
-                                  const float *up, int64_t n) {
+template <typename T, typename G>
+__global__ void swiglu_bwd_kernel(T *dgate, T *dup, const float *dout, const G *gate, const G *up,
+                                  int64_t n) {
   FF_GRID_STRIDE(i, n) {
-    float gt = gate[i], sg = sigmoidf_(gt), dy = dout[i], u = up[i];
+    float gt = ff_load(&gate[i]), sg = sigmoidf_(gt), dy = dout[i], u = ff_load(&up[i]);
     ff_store(&dup[i], dy * gt * sg);
     ff_store(&dgate[i], dy * u * sg * (1.0f + gt * (1.0f - sg)));
   }

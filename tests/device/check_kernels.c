@@ -137,6 +137,20 @@ static uint16_t *halves(pair p, uint16_t **dev) {
   return h;
 }
 
+/* A bf16 output on the GPU, poisoned with NaN. */
+static uint16_t *gpu_halves(int64_t n) {
+  uint16_t *h = gpu->alloc((size_t)n * 2);
+  uint16_t *poison = malloc((size_t)n * 2);
+  if (!h || !poison) {
+    fprintf(stderr, "check_kernels: out of memory\n");
+    exit(1);
+  }
+  for (int64_t i = 0; i < n; i++) poison[i] = 0xffff; /* a NaN */
+  gpu->to_device(h, poison, (size_t)n * 2);
+  free(poison);
+  return h;
+}
+
 /* The matmuls on bf16 operands, under either math: both sides multiply the same bf16 values and
  * accumulate in fp32, so only the order of the sums differs (and tensor cores may round their
  * partial sums): 1e-4. */
@@ -165,6 +179,19 @@ static void check_matmul_bf16(int N, int In, int Out, int offset) {
   check(name, dx, 1e-4);
   snprintf(name, sizeof name, "matmul_bwd_bf16 dw += %dx%dx%d%s", N, In, Out, odd);
   check(name, dw, 1e-4);
+  /* the same product rounded to bf16 on the way out, against the CPU's as values: one bf16 step
+   * where the two fp32 sums round apart */
+  uint16_t *rg = gpu_halves((int64_t)N * Out), *rc = cpu->alloc((size_t)N * Out * 2);
+  pair vals = output((int64_t)N * Out);
+  cpu->matmul_fwd_bf16_rounded(rc, xc + offset, wc + offset, N, In, Out);
+  gpu->matmul_fwd_bf16_rounded(rg, xg + offset, wg + offset, N, In, Out);
+  cpu->from_bf16(vals.c, rc, (int64_t)N * Out);
+  gpu->from_bf16(vals.g, rg, (int64_t)N * Out);
+  snprintf(name, sizeof name, "matmul_fwd_bf16_rounded %dx%dx%d%s", N, In, Out, odd);
+  check(name, vals, 1e-2);
+  cpu->release(rc);
+  gpu->release(rg);
+  drop(vals);
   cpu->release(xc), cpu->release(wc), cpu->release(dyc);
   gpu->release(xg), gpu->release(wg), gpu->release(dyg);
   drop(x), drop(w), drop(dy), drop(y), drop(dx), drop(dw);
@@ -234,22 +261,9 @@ static void check_bf16(int64_t n) {
 
 /* The bf16-writing forms (rmsnorm_fwd_bf16, swiglu_fwd_bf16, swiglu_bwd_bf16): on each backend
  * the bits of the fp32 form rounded by to_bf16, and the GPU's against the CPU's as values, to
- * one bf16 step (1e-2), where the two fp32 results round apart. */
-static uint16_t *gpu_halves(int64_t n) {
-  uint16_t *h = gpu->alloc((size_t)n * 2);
-  uint16_t *poison = malloc((size_t)n * 2);
-  if (!h || !poison) {
-    fprintf(stderr, "check_kernels: out of memory\n");
-    exit(1);
-  }
-  for (int64_t i = 0; i < n; i++) poison[i] = 0xffff; /* a NaN */
-  gpu->to_device(h, poison, (size_t)n * 2);
-  free(poison);
-  return h;
-}
-
-/* got (bf16, on the GPU) against to_bf16 of the GPU's fp32 result; then as values against the
- * CPU's bf16 form (cpu_half), through `as_values`, an output pair */
+ * one bf16 step (1e-2), where the two fp32 results round apart. Here: got (bf16, on the GPU)
+ * against to_bf16 of the GPU's fp32 result, then as values against the CPU's bf16 form
+ * (cpu_half), through `as_values`, an output pair. */
 static void check_rounded(const char *what, const uint16_t *got, const float *fp32_g,
                           const uint16_t *cpu_half, pair as_values) {
   int64_t n = as_values.n;
@@ -286,22 +300,26 @@ static void check_bf16_forms(int N, int C, int64_t n) {
   cpu->release(hc);
   gpu->release(hg);
   drop(x), drop(w), drop(y), drop(r), drop(r16), drop(vals);
+  /* SwiGLU on bf16 gate and up: the fp32 forms run on the same values, widened */
   pair gate = make(n, 4), up = make(n, 1), dout = make(n, 1), f = output(n), df = output(n);
   pair v1 = output(n), v2 = output(n), v3 = output(n);
+  uint16_t *gate_g, *up_g, *gate_c = halves(gate, &gate_g), *up_c = halves(up, &up_g);
+  cpu->from_bf16(gate.c, gate_c, n), cpu->from_bf16(up.c, up_c, n);
+  gpu->from_bf16(gate.g, gate_g, n), gpu->from_bf16(up.g, up_g, n);
   uint16_t *c1 = cpu->alloc((size_t)n * 2), *c2 = cpu->alloc((size_t)n * 2);
   uint16_t *c3 = cpu->alloc((size_t)n * 2);
   uint16_t *g1 = gpu_halves(n), *g2 = gpu_halves(n), *g3 = gpu_halves(n);
-  cpu->swiglu_fwd_bf16(c1, gate.c, up.c, n);
+  cpu->swiglu_fwd_bf16(c1, gate_c, up_c, n);
   gpu->swiglu_fwd(f.g, gate.g, up.g, n);
-  gpu->swiglu_fwd_bf16(g1, gate.g, up.g, n);
+  gpu->swiglu_fwd_bf16(g1, gate_g, up_g, n);
   check_rounded("swiglu_fwd_bf16", g1, f.g, c1, v1);
-  cpu->swiglu_bwd_bf16(c2, c3, dout.c, gate.c, up.c, n);
+  cpu->swiglu_bwd_bf16(c2, c3, dout.c, gate_c, up_c, n);
   gpu->swiglu_bwd(f.g, df.g, dout.g, gate.g, up.g, n);
-  gpu->swiglu_bwd_bf16(g2, g3, dout.g, gate.g, up.g, n);
+  gpu->swiglu_bwd_bf16(g2, g3, dout.g, gate_g, up_g, n);
   check_rounded("swiglu_bwd_bf16 dgate", g2, f.g, c2, v2);
   check_rounded("swiglu_bwd_bf16 dup", g3, df.g, c3, v3);
-  cpu->release(c1), cpu->release(c2), cpu->release(c3);
-  gpu->release(g1), gpu->release(g2), gpu->release(g3);
+  cpu->release(c1), cpu->release(c2), cpu->release(c3), cpu->release(gate_c), cpu->release(up_c);
+  gpu->release(g1), gpu->release(g2), gpu->release(g3), gpu->release(gate_g), gpu->release(up_g);
   drop(gate), drop(up), drop(dout), drop(f), drop(df), drop(v1), drop(v2), drop(v3);
 }
 

@@ -318,14 +318,25 @@ static void check_elementwise(int64_t n) {
   });
   check("swiglu_bwd: dgate", gdg, dg, 1e-5);
   check("swiglu_bwd: dup", gdu, du, 1e-5);
-  std::vector<uint16_t> gh = nan_halves(n), ghg = nan_halves(n), ghu = nan_halves(n);
-  launch_1d(n, [&] { swiglu_fwd_kernel(gh.data(), gate.data(), up.data(), n); });
-  check_rounds("swiglu_fwd: bf16 out", gh, gout);
+  /* the bf16 forms, on bf16 gate and up: the fp32 forms' results on the same values, rounded */
+  std::vector<uint16_t> g16(n), u16(n);
+  cpu->to_bf16(g16.data(), gate.data(), n);
+  cpu->to_bf16(u16.data(), up.data(), n);
+  std::vector<float> gw(n), uw(n), fw = nans(n), dgw = nans(n), duw = nans(n);
+  cpu->from_bf16(gw.data(), g16.data(), n);
+  cpu->from_bf16(uw.data(), u16.data(), n);
+  launch_1d(n, [&] { swiglu_fwd_kernel(fw.data(), gw.data(), uw.data(), n); });
   launch_1d(n, [&] {
-    swiglu_bwd_kernel(ghg.data(), ghu.data(), dout.data(), gate.data(), up.data(), n);
+    swiglu_bwd_kernel(dgw.data(), duw.data(), dout.data(), gw.data(), uw.data(), n);
   });
-  check_rounds("swiglu_bwd: bf16 dgate", ghg, gdg);
-  check_rounds("swiglu_bwd: bf16 dup", ghu, gdu);
+  std::vector<uint16_t> gh = nan_halves(n), ghg = nan_halves(n), ghu = nan_halves(n);
+  launch_1d(n, [&] { swiglu_fwd_kernel(gh.data(), g16.data(), u16.data(), n); });
+  check_rounds("swiglu_fwd: bf16 in and out", gh, fw);
+  launch_1d(n, [&] {
+    swiglu_bwd_kernel(ghg.data(), ghu.data(), dout.data(), g16.data(), u16.data(), n);
+  });
+  check_rounds("swiglu_bwd: bf16 in and out, dgate", ghg, dgw);
+  check_rounds("swiglu_bwd: bf16 in and out, dup", ghu, duw);
   std::vector<float> sum(n), gsum = nans(n);
   cpu->add(sum.data(), gate.data(), up.data(), n);
   launch_1d(n, [&] { add_kernel(gsum.data(), gate.data(), up.data(), n); });

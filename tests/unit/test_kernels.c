@@ -256,7 +256,7 @@ static void bf16_matmuls_match_float64_on_the_bf16_values(void **state) {
 }
 
 /* The bf16-writing forms give the bits of the fp32 form rounded by to_bf16, across the chunks
- * they compute in (rows of 600, 1000 elements: ragged ends). */
+ * and tiles they compute in (rows of 600, 1000 elements, the bf16 matmul's shape: ragged ends). */
 static void assert_rounds_of(const char *what, const uint16_t *got, const float *fp32, int64_t n) {
   uint16_t *want = calloc((size_t)n, sizeof *want);
   assert_non_null(want);
@@ -280,17 +280,33 @@ static void bf16_writing_kernels_round_their_fp32_results(void **state) {
   K->rmsnorm_fwd_bf16(h, rstd16, x, w, RN, RC, 1e-5f);
   assert_rounds_of("rmsnorm_fwd_bf16", h, out, RN * RC);
   assert_memory_equal(rstd, rstd16, RN * sizeof *rstd);
-  float *gate = frandom(SN, 4.0f, 53), *up = frandom(SN, 1.0f, 54), *dout = frandom(SN, 1.0f, 55);
+  /* SwiGLU's bf16 forms read bf16 gate and up: against the fp32 forms on the same values */
+  double *gate_d, *up_d;
+  uint16_t *gate = bf16_random(SN, 53, &gate_d), *up = bf16_random(SN, 54, &up_d);
+  float *gate_f = fvec(SN), *up_f = fvec(SN), *dout = frandom(SN, 1.0f, 55);
+  K->from_bf16(gate_f, gate, SN);
+  K->from_bf16(up_f, up, SN);
   float *act = fvec(SN), *dg = fvec(SN), *du = fvec(SN);
-  K->swiglu_fwd(act, gate, up, SN);
+  K->swiglu_fwd(act, gate_f, up_f, SN);
   K->swiglu_fwd_bf16(g16, gate, up, SN);
   assert_rounds_of("swiglu_fwd_bf16", g16, act, SN);
-  K->swiglu_bwd(dg, du, dout, gate, up, SN);
+  K->swiglu_bwd(dg, du, dout, gate_f, up_f, SN);
   K->swiglu_bwd_bf16(g16, u16, dout, gate, up, SN);
   assert_rounds_of("swiglu_bwd_bf16 dgate", g16, dg, SN);
   assert_rounds_of("swiglu_bwd_bf16 dup", u16, du, SN);
+  /* the rounded matmul: matmul_fwd_bf16's fp32 product, rounded */
+  double *w_d, *x_d;
+  uint16_t *wm = bf16_random(BM_O * BM_I, 56, &w_d), *xm = bf16_random(BM_N * BM_I, 57, &x_d);
+  free(w_d), free(x_d);
+  float *prod = fvec(BM_N * BM_O);
+  uint16_t *prod16 = calloc(BM_N * BM_O, sizeof *prod16);
+  assert_non_null(prod16);
+  K->matmul_fwd_bf16(prod, xm, wm, BM_N, BM_I, BM_O);
+  K->matmul_fwd_bf16_rounded(prod16, xm, wm, BM_N, BM_I, BM_O);
+  assert_rounds_of("matmul_fwd_bf16_rounded", prod16, prod, BM_N * BM_O);
   free(x), free(w), free(out), free(rstd), free(rstd16), free(h), free(g16), free(u16);
-  free(gate), free(up), free(dout), free(act), free(dg), free(du);
+  free(gate), free(up), free(gate_d), free(up_d), free(gate_f), free(up_f), free(dout), free(act);
+  free(dg), free(du), free(wm), free(xm), free(prod), free(prod16);
 }
 
 /* ---- embedding -------------------------------------------------------------------------- */

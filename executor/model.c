@@ -461,16 +461,18 @@ static void mm_fwd(const ff_model_rank *mr, float *out, const float *inp, const 
 }
 
 /* Its backward; on bf16 operands the output gradient is first rounded into dout16 (N·Out
- * halves of scratch). */
+ * halves of scratch), and with `add` the input gradient is added to dinp (bf16 operands only:
+ * the fp32 path sums through a temporary). */
 static void mm_bwd(const ff_model_rank *mr, float *dinp, float *dw, const float *dout,
                    uint16_t *dout16, const float *inp, const uint16_t *inp16, const float *w,
-                   int N, int In, int Out) {
+                   int N, int In, int Out, bool add) {
   if (!inp16) {
     mr->k->matmul_bwd(dinp, dw, dout, inp, w, N, In, Out);
     return;
   }
   mr->k->to_bf16(dout16, dout, (int64_t)N * Out);
-  mr->k->matmul_bwd_bf16(dinp, dw, dout16, inp16, half_of(mr, w), N, In, Out);
+  (add ? mr->k->matmul_bwd_bf16_acc : mr->k->matmul_bwd_bf16)(dinp, dw, dout16, inp16,
+                                                              half_of(mr, w), N, In, Out);
 }
 
 /* The layer's fp32 activations for slot and layer: its own (fp32 storage) or the one work set
@@ -591,39 +593,43 @@ static void backward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_s
   float *d1 = mr->scratch_a, *d2 = d1 + wide, *d3 = d2 + wide;
   uint16_t *o16 = mr->operand_half;
   /* x_out = x_mid + act·Wdᵀ: dx flows to x_mid unchanged */
-  mm_bwd(mr, d1, g.w_down, dx, o16, a->act, sv ? sv->act : NULL, w.w_down, N, Fl, C); /* d act */
-  if (sv) { /* the gradients of gate and up straight to bf16, in d2's room (2·wide halves) */
+  mm_bwd(mr, d1, g.w_down, dx, o16, a->act, sv ? sv->act : NULL, w.w_down, N, Fl, C, false);
+  if (sv) { /* the gradients of gate and up straight to bf16, in d2's room (2·wide halves); the
+             * second matmul adds its input gradient to the first's */
     uint16_t *dgate = (uint16_t *)d2, *dup = dgate + (int64_t)N * Fl;
     k->swiglu_bwd_bf16(dgate, dup, d1, sv->gate, sv->up, (int64_t)N * Fl);
     k->matmul_bwd_bf16(dh, g.w_gate, dgate, sv->h2, half_of(mr, w.w_gate), N, C, Fl);
-    k->matmul_bwd_bf16(t, g.w_up, dup, sv->h2, half_of(mr, w.w_up), N, C, Fl);
+    k->matmul_bwd_bf16_acc(dh, g.w_up, dup, sv->h2, half_of(mr, w.w_up), N, C, Fl);
   } else {
     k->swiglu_bwd(d2, d3, d1, a->gate, a->up, (int64_t)N * Fl); /* d gate, d up */
     k->matmul_bwd(dh, g.w_gate, d2, a->h2, w.w_gate, N, C, Fl);
     k->matmul_bwd(t, g.w_up, d3, a->h2, w.w_up, N, C, Fl);
+    k->accumulate(dh, t, NC);
   }
-  k->accumulate(dh, t, NC);
   tp_sum(mr, dh, NC); /* column-parallel gate/up: the group sums the input gradient */
-  k->rmsnorm_bwd(t, g.mlp_norm, dh, a->x_mid, w.mlp_norm, a->rstd2, N, C);
-  k->accumulate(dx, t, NC);                                         /* dx = d x_mid */
+  k->rmsnorm_bwd_acc(dx, g.mlp_norm, dh, a->x_mid, w.mlp_norm, a->rstd2, N, C); /* dx = d x_mid */
   /* x_mid = x_in + att·Woᵀ */
   int64_t nq = (int64_t)N * Hl * D, nk = (int64_t)N * Kl * D;
   float *datt = d1, *dq = d1 + nq, *dk = dq + nq, *dv = dk + nk;
-  mm_bwd(mr, datt, g.wo, dx, o16, a->att, sv ? sv->att : NULL, w.wo, N, Hl * D, C);
+  mm_bwd(mr, datt, g.wo, dx, o16, a->att, sv ? sv->att : NULL, w.wo, N, Hl * D, C, false);
   k->attention_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, S, Hl, Kl, D,
                    (int)mr->spec.heads.first, (int)mr->spec.kv_heads.first,
                    (int)(m->heads / m->kv_heads));
   k->rope_bwd(dq, B, S, Hl, D, (float)m->rope_theta);
   k->rope_bwd(dk, B, S, Kl, D, (float)m->rope_theta);
-  const uint16_t *h1 = sv ? sv->h1 : NULL;
-  mm_bwd(mr, dh, g.wq, dq, o16, a->h1, h1, w.wq, N, C, Hl * D);
-  mm_bwd(mr, t, g.wk, dk, o16, a->h1, h1, w.wk, N, C, Kl * D);
-  k->accumulate(dh, t, NC);
-  mm_bwd(mr, t, g.wv, dv, o16, a->h1, h1, w.wv, N, C, Kl * D);
-  k->accumulate(dh, t, NC);
+  if (sv) { /* k's and v's input gradients added to q's inside their matmuls */
+    mm_bwd(mr, dh, g.wq, dq, o16, a->h1, sv->h1, w.wq, N, C, Hl * D, false);
+    mm_bwd(mr, dh, g.wk, dk, o16, a->h1, sv->h1, w.wk, N, C, Kl * D, true);
+    mm_bwd(mr, dh, g.wv, dv, o16, a->h1, sv->h1, w.wv, N, C, Kl * D, true);
+  } else {
+    k->matmul_bwd(dh, g.wq, dq, a->h1, w.wq, N, C, Hl * D);
+    k->matmul_bwd(t, g.wk, dk, a->h1, w.wk, N, C, Kl * D);
+    k->accumulate(dh, t, NC);
+    k->matmul_bwd(t, g.wv, dv, a->h1, w.wv, N, C, Kl * D);
+    k->accumulate(dh, t, NC);
+  }
   tp_sum(mr, dh, NC); /* column-parallel q/k/v */
-  k->rmsnorm_bwd(t, g.attn_norm, dh, a->x_in, w.attn_norm, a->rstd1, N, C);
-  k->accumulate(dx, t, NC);                                         /* dx = d x_in */
+  k->rmsnorm_bwd_acc(dx, g.attn_norm, dh, a->x_in, w.attn_norm, a->rstd1, N, C); /* dx = d x_in */
 }
 
 /* Final norm, LM head and loss over a vocabulary shard; leaves d x_final in dx. */
@@ -658,7 +664,7 @@ static void head_forward_backward(ff_model_rank *mr, const float *x_final, int64
   }
   float *dh = mr->scratch_b;
   mm_bwd(mr, dh, head_g, mr->logits, h16 ? h16 + (int64_t)N * C : NULL, mr->h_final, h16, head_w,
-         N, C, V);
+         N, C, V, false);
   tp_sum(mr, dh, (int64_t)N * C); /* vocabulary-parallel head: sum the input gradient */
   k->rmsnorm_bwd(dx, norm_g, dh, x_final, norm_w, mr->rstd_final, N, C);
 }

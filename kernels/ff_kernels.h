@@ -72,6 +72,10 @@ typedef struct ff_kernels {
    * for outputs bf16 plans keep only in bf16 (gate, up) */
   void (*matmul_fwd_bf16_rounded)(uint16_t *out, const uint16_t *inp, const uint16_t *w, int N,
                                   int In, int Out);
+  /* matmul_bwd_bf16 adding its input gradient to dinp (+=): where the model sums the input
+   * gradients of matmuls that share an input (q, k, v; gate, up) */
+  void (*matmul_bwd_bf16_acc)(float *dinp, float *dw, const uint16_t *dout, const uint16_t *inp,
+                              const uint16_t *w, int N, int In, int Out);
 
   /* out(N, C) = table[tok - vocab_first] for tokens in [vocab_first, vocab_end), else 0 (a
    * vocabulary shard; the TP group sums the partial rows). table is (vocab_end-vocab_first, C). */
@@ -90,6 +94,9 @@ typedef struct ff_kernels {
   /* rmsnorm_fwd writing its output in bf16, rounded as to_bf16 rounds the fp32 result */
   void (*rmsnorm_fwd_bf16)(uint16_t *out, float *rstd, const float *inp, const float *w, int N,
                            int C, float eps);
+  /* rmsnorm_bwd adding its input gradient to dinp (+=): the residual stream's gradient */
+  void (*rmsnorm_bwd_acc)(float *dinp, float *dw, const float *dout, const float *inp,
+                          const float *w, const float *rstd, int N, int C);
 
   /* Rotary embedding in place on x(B, S, H, D), rotating pairs (2i, 2i+1) by angle
    * pos · theta^(-2i/D), pos = the token's index in its sequence. Backward rotates back. */

@@ -221,15 +221,16 @@ static void matmul_fwd_bf16_rounded_untimed(uint16_t *out, const uint16_t *inp, 
   gemm_bf16(false, true, N, Out, In, inp, In, w, In, 0.0f, NULL, out, Out);
 }
 
+/* add: dinp += instead of = */
 static void matmul_bwd_bf16_untimed(float *dinp, float *dw, const uint16_t *dout,
                                     const uint16_t *inp, const uint16_t *w, int N, int In,
-                                    int Out) {
+                                    int Out, bool add) {
   if (N <= 0 || In <= 0) return;
   if (Out <= 0) {
-    if (dinp) memset(dinp, 0, (size_t)N * (size_t)In * sizeof *dinp);
+    if (dinp && !add) memset(dinp, 0, (size_t)N * (size_t)In * sizeof *dinp);
     return;
   }
-  if (dinp) gemm_bf16(false, false, N, In, Out, dout, Out, w, In, 0.0f, dinp, NULL, In);
+  if (dinp) gemm_bf16(false, false, N, In, Out, dout, Out, w, In, add, dinp, NULL, In);
   if (dw) gemm_bf16(true, false, Out, In, N, dout, Out, inp, In, 1.0f, dw, NULL, In);
 }
 
@@ -297,11 +298,11 @@ static void rmsnorm_fwd_bf16(uint16_t *restrict out, float *restrict rstd,
 }
 
 /* dout, inp, dinp (N, C), w, dw (C), rstd (N):
- * dinp = rstd · (dout∘w) − rstd³/C · inp · Σ(dout∘w∘inp) (overwritten);
+ * dinp = rstd · (dout∘w) − rstd³/C · inp · Σ(dout∘w∘inp) (overwritten, or added with `add`);
  * dw += Σ_n dout∘inp·rstd */
-static void rmsnorm_bwd(float *restrict dinp, float *restrict dw, const float *restrict dout,
-                        const float *restrict inp, const float *restrict w,
-                        const float *restrict rstd, int N, int C) {
+static void rmsnorm_backward(float *restrict dinp, float *restrict dw, const float *restrict dout,
+                             const float *restrict inp, const float *restrict w,
+                             const float *restrict rstd, int N, int C, bool add) {
   for (int n = 0; n < N; n++) {
     const float *x = inp + (size_t)n * C;
     const float *dy = dout + (size_t)n * C;
@@ -315,10 +316,23 @@ static void rmsnorm_bwd(float *restrict dinp, float *restrict dw, const float *r
     for (; c < C; c++) dyw_x += dy[c] * w[c] * x[c];
     float k = r * r * r * dyw_x / (float)C;
     for (c = 0; c < C; c++) {
-      dx[c] = r * dy[c] * w[c] - k * x[c];
+      float g = r * dy[c] * w[c] - k * x[c];
+      dx[c] = add ? dx[c] + g : g;
       dw[c] += dy[c] * x[c] * r;
     }
   }
+}
+
+static void rmsnorm_bwd(float *restrict dinp, float *restrict dw, const float *restrict dout,
+                        const float *restrict inp, const float *restrict w,
+                        const float *restrict rstd, int N, int C) {
+  rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, false);
+}
+
+static void rmsnorm_bwd_acc(float *restrict dinp, float *restrict dw, const float *restrict dout,
+                            const float *restrict inp, const float *restrict w,
+                            const float *restrict rstd, int N, int C) {
+  rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, true);
 }
 
 /* ---- RoPE ------------------------------------------------------------------------------- */
@@ -659,7 +673,12 @@ static void matmul_fwd_bf16(float *out, const uint16_t *inp, const uint16_t *w, 
 
 static void matmul_bwd_bf16(float *dinp, float *dw, const uint16_t *dout, const uint16_t *inp,
                             const uint16_t *w, int N, int In, int Out) {
-  TIMED(cpu_matmul_seconds, matmul_bwd_bf16_untimed(dinp, dw, dout, inp, w, N, In, Out));
+  TIMED(cpu_matmul_seconds, matmul_bwd_bf16_untimed(dinp, dw, dout, inp, w, N, In, Out, false));
+}
+
+static void matmul_bwd_bf16_acc(float *dinp, float *dw, const uint16_t *dout,
+                                const uint16_t *inp, const uint16_t *w, int N, int In, int Out) {
+  TIMED(cpu_matmul_seconds, matmul_bwd_bf16_untimed(dinp, dw, dout, inp, w, N, In, Out, true));
 }
 
 static void matmul_fwd_bf16_rounded(uint16_t *out, const uint16_t *inp, const uint16_t *w, int N,
@@ -701,11 +720,13 @@ static const ff_kernels cpu_kernels = {
     .matmul_fwd_bf16 = matmul_fwd_bf16,
     .matmul_bwd_bf16 = matmul_bwd_bf16,
     .matmul_fwd_bf16_rounded = matmul_fwd_bf16_rounded,
+    .matmul_bwd_bf16_acc = matmul_bwd_bf16_acc,
     .embedding_fwd = embedding_fwd,
     .embedding_bwd = embedding_bwd,
     .rmsnorm_fwd = rmsnorm_fwd,
     .rmsnorm_bwd = rmsnorm_bwd,
     .rmsnorm_fwd_bf16 = rmsnorm_fwd_bf16,
+    .rmsnorm_bwd_acc = rmsnorm_bwd_acc,
     .rope_fwd = rope_fwd,
     .rope_bwd = rope_bwd,
     .attention_fwd = attention_fwd,

@@ -321,17 +321,17 @@ static void matmul_forward(void *out, const void *inp, const void *w, int N, int
   op_end(t);
 }
 
-/* dinp(N, In) = dout · w  ⇔  dinpᵀ(In, N) = wᵀ · doutᵀ;
+/* dinp(N, In) = dout · w (+= with `add`)  ⇔  dinpᵀ(In, N) = wᵀ · doutᵀ;
  * dw(Out, In) += doutᵀ · inp  ⇔  dwᵀ(In, Out) += inpᵀ · dout */
 static void matmul_backward(float *dinp, float *dw, const void *dout, const void *inp,
-                            const void *w, int N, int In, int Out, bool bf16) {
+                            const void *w, int N, int In, int Out, bool bf16, bool add) {
   if (N <= 0 || In <= 0) return;
   if (Out <= 0) {
-    if (dinp) cuda_zero(dinp, (size_t)N * (size_t)In * sizeof *dinp);
+    if (dinp && !add) cuda_zero(dinp, (size_t)N * (size_t)In * sizeof *dinp);
     return;
   }
   int t = op_begin(OP_MATMUL);
-  if (dinp) gemm(0, 0, In, N, Out, w, In, dout, Out, false, dinp, In, bf16);
+  if (dinp) gemm(0, 0, In, N, Out, w, In, dout, Out, add, dinp, In, bf16);
   if (dw) gemm(0, 1, In, Out, N, inp, In, dout, Out, true, dw, In, bf16);
   op_end(t);
 }
@@ -342,7 +342,7 @@ static void matmul_fwd(float *out, const float *inp, const float *w, int N, int 
 
 static void matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
                        const float *w, int N, int In, int Out) {
-  matmul_backward(dinp, dw, dout, inp, w, N, In, Out, false);
+  matmul_backward(dinp, dw, dout, inp, w, N, In, Out, false, false);
 }
 
 /* The same products on bf16 operands: tensor cores, fp32 accumulation, fp32 outputs. */
@@ -358,7 +358,12 @@ static void matmul_fwd_bf16_rounded(uint16_t *out, const uint16_t *inp, const ui
 
 static void matmul_bwd_bf16(float *dinp, float *dw, const uint16_t *dout, const uint16_t *inp,
                             const uint16_t *w, int N, int In, int Out) {
-  matmul_backward(dinp, dw, dout, inp, w, N, In, Out, true);
+  matmul_backward(dinp, dw, dout, inp, w, N, In, Out, true, false);
+}
+
+static void matmul_bwd_bf16_acc(float *dinp, float *dw, const uint16_t *dout, const uint16_t *inp,
+                                const uint16_t *w, int N, int In, int Out) {
+  matmul_backward(dinp, dw, dout, inp, w, N, In, Out, true, true);
 }
 
 static bool tensor_attention(int D, int Hq) {
@@ -432,15 +437,29 @@ static void rmsnorm_fwd_bf16(uint16_t *out, float *rstd, const float *inp, const
   FF_CUDA_LAUNCHED("rmsnorm_fwd_bf16");
 }
 
-static void rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp,
-                        const float *w, const float *rstd, int N, int C) {
+/* add: dinp += instead of = */
+static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                             const float *w, const float *rstd, int N, int C, bool add) {
   if (N <= 0 || C <= 0) return;
-  rmsnorm_bwd_inp_kernel<<<N, THREADS, 0, g.stream>>>(dinp, dout, inp, w, rstd, C);
+  if (add)
+    rmsnorm_bwd_inp_kernel<true><<<N, THREADS, 0, g.stream>>>(dinp, dout, inp, w, rstd, C);
+  else
+    rmsnorm_bwd_inp_kernel<false><<<N, THREADS, 0, g.stream>>>(dinp, dout, inp, w, rstd, C);
   FF_CUDA_LAUNCHED("rmsnorm_bwd_inp");
   unsigned blocks = (unsigned)((C + FF_WARP - 1) / FF_WARP);
   rmsnorm_bwd_w_kernel<<<blocks, dim3(FF_WARP, RMS_W_ROWS), 0, g.stream>>>(dw, dout, inp, rstd, N,
                                                                            C);
   FF_CUDA_LAUNCHED("rmsnorm_bwd_w");
+}
+
+static void rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                        const float *w, const float *rstd, int N, int C) {
+  rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, false);
+}
+
+static void rmsnorm_bwd_acc(float *dinp, float *dw, const float *dout, const float *inp,
+                            const float *w, const float *rstd, int N, int C) {
+  rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, true);
 }
 
 /* ---- RoPE ------------------------------------------------------------------------------- */
@@ -550,10 +569,11 @@ static const ff_kernels cuda_kernels = {
     /* .host_memory = */ false,
     cuda_alloc, cuda_release, cuda_zero, cuda_copy, cuda_copy, cuda_alloc_host, cuda_release_host,
     cuda_sync, cuda_memory, cuda_op_seconds, matmul_fwd, matmul_bwd, matmul_fwd_bf16,
-    matmul_bwd_bf16, matmul_fwd_bf16_rounded, embedding_fwd, embedding_bwd, rmsnorm_fwd, rmsnorm_bwd, rmsnorm_fwd_bf16,
-    rope_fwd, rope_bwd, attention_fwd, attention_bwd, swiglu_fwd, swiglu_bwd, swiglu_fwd_bf16,
-    swiglu_bwd_bf16, add, accumulate, scale, ce_row_max, ce_row_sum, ce_loss_grad, adamw,
-    sum_squares, cuda_copy_rows, to_bf16, from_bf16,
+    matmul_bwd_bf16, matmul_fwd_bf16_rounded, matmul_bwd_bf16_acc, embedding_fwd, embedding_bwd,
+    rmsnorm_fwd, rmsnorm_bwd, rmsnorm_fwd_bf16, rmsnorm_bwd_acc, rope_fwd, rope_bwd, attention_fwd,
+    attention_bwd, swiglu_fwd, swiglu_bwd, swiglu_fwd_bf16, swiglu_bwd_bf16, add, accumulate,
+    scale, ce_row_max, ce_row_sum, ce_loss_grad, adamw, sum_squares, cuda_copy_rows, to_bf16,
+    from_bf16,
 };
 
 static bool setup_failed(cudaError_t err, const char *what, char *why, size_t why_cap) {

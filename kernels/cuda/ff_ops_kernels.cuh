@@ -76,6 +76,8 @@ __global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const float *inp, const 
 }
 
 /* dinp = rstd · (dout∘w) − rstd³/C · inp · Σ(dout∘w∘inp), one row per block */
+/* ADD: dinp += instead of = */
+template <bool ADD = false>
 __global__ void rmsnorm_bwd_inp_kernel(float *dinp, const float *dout, const float *inp,
                                        const float *w, const float *rstd, int C) {
   size_t row = (size_t)blockIdx.x * C;
@@ -84,7 +86,10 @@ __global__ void rmsnorm_bwd_inp_kernel(float *dinp, const float *dout, const flo
   for (int c = threadIdx.x; c < C; c += blockDim.x) s += dy[c] * w[c] * x[c];
   s = ff_block_reduce(s, ff_op_sum(), 0.0f);
   float r = rstd[blockIdx.x], k = r * r * r * s / (float)C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) dinp[row + c] = r * dy[c] * w[c] - k * x[c];
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float g = r * dy[c] * w[c] - k * x[c];
+    dinp[row + c] = ADD ? dinp[row + c] + g : g;
+  }
 }
 
 /* dw(C) += Σ_n dout∘inp·rstd: block (32 columns × 8 row lanes), the 8 partials summed in order */

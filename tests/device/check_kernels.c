@@ -179,6 +179,12 @@ static void check_matmul_bf16(int N, int In, int Out, int offset) {
   check(name, dx, 1e-4);
   snprintf(name, sizeof name, "matmul_bwd_bf16 dw += %dx%dx%d%s", N, In, Out, odd);
   check(name, dw, 1e-4);
+  cpu->matmul_bwd_bf16_acc(dx.c + offset, NULL, dyc + offset, xc + offset, wc + offset, N, In,
+                           Out);
+  gpu->matmul_bwd_bf16_acc(dx.g + offset, NULL, dyg + offset, xg + offset, wg + offset, N, In,
+                           Out);
+  snprintf(name, sizeof name, "matmul_bwd_bf16_acc dinp += %dx%dx%d%s", N, In, Out, odd);
+  check(name, dx, 1e-4);
   /* the same product rounded to bf16 on the way out, against the CPU's as values: one bf16 step
    * where the two fp32 sums round apart */
   uint16_t *rg = gpu_halves((int64_t)N * Out), *rc = cpu->alloc((size_t)N * Out * 2);
@@ -361,6 +367,9 @@ static void check_rmsnorm(int N, int C) {
   check("rmsnorm_fwd rstd", r, 1e-5);
   check("rmsnorm_bwd dinp", dx, 1e-5);
   check("rmsnorm_bwd dw +=", dw, 1e-5);
+  cpu->rmsnorm_bwd_acc(dx.c, dw.c, dy.c, x.c, w.c, r.c, N, C); /* dinp += onto the first's */
+  gpu->rmsnorm_bwd_acc(dx.g, dw.g, dy.g, x.g, w.g, r.g, N, C);
+  check("rmsnorm_bwd_acc dinp +=", dx, 1e-5);
   drop(x), drop(w), drop(y), drop(r), drop(dy), drop(dx), drop(dw);
 }
 

@@ -291,6 +291,14 @@ static void check_rmsnorm(int N, int C) {
   });
   snprintf(name, sizeof name, "rmsnorm_bwd N%d C%d: dinp", N, C);
   check(name, gdx, dx, 1e-5);
+  /* the adding form (rmsnorm_bwd_acc): onto a copy of its own result, twice that */
+  std::vector<float> twice = gdx, want2(x.size());
+  launch(blocks(N), blocks(THREADS), 0, [&] {
+    rmsnorm_bwd_inp_kernel<true>(twice.data(), dout.data(), x.data(), w.data(), rstd.data(), C);
+  });
+  for (size_t i = 0; i < want2.size(); i++) want2[i] = gdx[i] + gdx[i];
+  snprintf(name, sizeof name, "rmsnorm_bwd N%d C%d: dinp added", N, C);
+  check(name, twice, want2, 0);
   snprintf(name, sizeof name, "rmsnorm_bwd N%d C%d: dw", N, C);
   check(name, gdw, dw, 1e-5);
 }

@@ -248,6 +248,10 @@ static void bf16_matmuls_match_float64_on_the_bf16_values(void **state) {
   assert_close("dw", dw, want_dw, BM_O * BM_I, TOL);
   K->matmul_bwd_bf16(NULL, dw_only, dout, inp, w, BM_N, BM_I, BM_O);
   assert_memory_equal(dw_only, dw, BM_O * BM_I * sizeof(float));
+  /* the _acc form adds its input gradient: dinp (= d) plus d again */
+  K->matmul_bwd_bf16_acc(dinp, NULL, dout, inp, w, BM_N, BM_I, BM_O);
+  for (int j = 0; j < BM_N * BM_I; j++) want_dinp[j] *= 2.0;
+  assert_close("dinp added", dinp, want_dinp, BM_N * BM_I, TOL);
   /* an empty reduction writes zeros */
   K->matmul_fwd_bf16(out, inp, w, BM_N, 0, BM_O);
   for (int j = 0; j < BM_N * BM_O; j++) assert_true(out[j] == 0.0f);
@@ -401,6 +405,11 @@ static void rmsnorm_bwd_matches_finite_differences_and_accumulates_dw(void **sta
   K->rmsnorm_bwd(dinp, dw, dout, inp, w, rstd, RN_N, RN_C);
   assert_close("dinp", dinp, want_dinp, RN_N * RN_C, TOL);
   assert_close("dw", dw, want_dw, RN_C, TOL);
+  /* the _acc form adds its input gradient to dinp (and dw accumulates again) */
+  float *twice = fcopy(dinp, RN_N * RN_C);
+  K->rmsnorm_bwd_acc(twice, dw, dout, inp, w, rstd, RN_N, RN_C);
+  for (int i = 0; i < RN_N * RN_C; i++) assert_true(twice[i] == dinp[i] + dinp[i]);
+  free(twice);
   free(inp), free(w), free(dout), free(dw), free(out), free(rstd), free(dinp), free(p);
   free(want_dinp), free(want_dw);
 }

@@ -503,7 +503,7 @@ static ff_layer_acts *load_layer(ff_model_rank *mr, int slot, int64_t l, int64_t
   *saved = sv;
   const ff_kernels *k = mr->k;
   dims d = model_dims(mr, b * mr->model->seq_len);
-  int64_t NC = d.N * d.C, nq = d.N * d.Hl * d.D, nk = d.N * d.Kl * d.D;
+  int64_t NC = d.N * d.C;
   if (mr->recompute_full) {
     if (sv)
       k->from_bf16(a->x_in, sv->x_in, NC);
@@ -512,12 +512,10 @@ static ff_layer_acts *load_layer(ff_model_rank *mr, int slot, int64_t l, int64_t
   }
   if (!sv)
     return a;
-  k->from_bf16(a->x_in, sv->x_in, NC); /* not h1, h2, act: the backward reads their copies */
-  k->from_bf16(a->q, sv->q, nq);
-  k->from_bf16(a->k, sv->k, nk);
-  k->from_bf16(a->v, sv->v, nk);
-  k->from_bf16(a->att, sv->att, nq);
-  k->from_bf16(a->x_mid, sv->x_mid, NC); /* nor gate and up: SwiGLU reads them in bf16 */
+  /* only the residual stream: every other kept tensor is read in bf16 (matmuls, attention,
+   * SwiGLU) */
+  k->from_bf16(a->x_in, sv->x_in, NC);
+  k->from_bf16(a->x_mid, sv->x_mid, NC);
   return a;
 }
 
@@ -530,7 +528,7 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
   int Hl = (int)d.Hl, Kl = (int)d.Kl, Fl = (int)d.Fl;
   layer_params w = layer_at(mr, l, mr->params);
   float *tmp = mr->scratch_a;
-  int64_t NC = (int64_t)N * C, nq = (int64_t)N * Hl * D, nk = (int64_t)N * Kl * D;
+  int64_t NC = (int64_t)N * C;
   int64_t nf = (int64_t)N * Fl;
 #define KEEP(field, n) keep(mr, sv ? sv->field : NULL, a->field, n)
   /* h1, h2 and act only feed matmuls, which read the bf16 copy, and the backward reads only the
@@ -542,18 +540,28 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
     k->rmsnorm_fwd_bf16(sv->h1, a->rstd1, a->x_in, w.attn_norm, N, C, eps);
   else
     k->rmsnorm_fwd(a->h1, a->rstd1, a->x_in, w.attn_norm, N, C, eps);
-  /* bf16 plans: each matmul reads the bf16 copy just kept of its input */
-  mm_fwd(mr, a->q, a->h1, sv ? sv->h1 : NULL, w.wq, N, C, Hl * D);
-  mm_fwd(mr, a->k, a->h1, sv ? sv->h1 : NULL, w.wk, N, C, Kl * D);
-  mm_fwd(mr, a->v, a->h1, sv ? sv->h1 : NULL, w.wv, N, C, Kl * D);
-  k->rope_fwd(a->q, B, S, Hl, D, (float)m->rope_theta);
-  k->rope_fwd(a->k, B, S, Kl, D, (float)m->rope_theta);
-  KEEP(q, nq);
-  KEEP(k, nk);
-  KEEP(v, nk);
-  k->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, S, Hl, Kl, D, (int)mr->spec.heads.first,
-                   (int)mr->spec.kv_heads.first, (int)(m->heads / m->kv_heads));
-  KEEP(att, nq);
+  float theta = (float)m->rope_theta;
+  int q_first = (int)mr->spec.heads.first, kv_first = (int)mr->spec.kv_heads.first;
+  int group = (int)(m->heads / m->kv_heads);
+  if (sv) { /* q and k rotated into bf16 and v straight out of its matmul: attention reads them
+             * so and writes its output so; the work set's fp32 q, k, v, att (contiguous) are its
+             * room to work in */
+    const uint16_t *h1 = sv->h1;
+    k->matmul_fwd_bf16(a->q, h1, half_of(mr, w.wq), N, C, Hl * D);
+    k->matmul_fwd_bf16(a->k, h1, half_of(mr, w.wk), N, C, Kl * D);
+    k->matmul_fwd_bf16_rounded(sv->v, h1, half_of(mr, w.wv), N, C, Kl * D);
+    k->rope_fwd_bf16(sv->q, a->q, B, S, Hl, D, theta);
+    k->rope_fwd_bf16(sv->k, a->k, B, S, Kl, D, theta);
+    k->attention_fwd_bf16(sv->att, a->lse, sv->q, sv->k, sv->v, B, S, Hl, Kl, D, q_first,
+                          kv_first, group, a->q);
+  } else {
+    k->matmul_fwd(a->q, a->h1, w.wq, N, C, Hl * D);
+    k->matmul_fwd(a->k, a->h1, w.wk, N, C, Kl * D);
+    k->matmul_fwd(a->v, a->h1, w.wv, N, C, Kl * D);
+    k->rope_fwd(a->q, B, S, Hl, D, theta);
+    k->rope_fwd(a->k, B, S, Kl, D, theta);
+    k->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, S, Hl, Kl, D, q_first, kv_first, group);
+  }
   mm_fwd(mr, tmp, a->att, sv ? sv->att : NULL, w.wo, N, Hl * D, C);
   tp_sum(mr, tmp, NC); /* row-parallel Wo: the group sums its partial outputs */
   k->add(a->x_mid, a->x_in, tmp, NC);
@@ -612,9 +620,14 @@ static void backward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_s
   int64_t nq = (int64_t)N * Hl * D, nk = (int64_t)N * Kl * D;
   float *datt = d1, *dq = d1 + nq, *dk = dq + nq, *dv = dk + nk;
   mm_bwd(mr, datt, g.wo, dx, o16, a->att, sv ? sv->att : NULL, w.wo, N, Hl * D, C, false);
-  k->attention_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, S, Hl, Kl, D,
-                   (int)mr->spec.heads.first, (int)mr->spec.kv_heads.first,
-                   (int)(m->heads / m->kv_heads));
+  int q_first = (int)mr->spec.heads.first, kv_first = (int)mr->spec.kv_heads.first;
+  int group = (int)(m->heads / m->kv_heads);
+  if (sv) /* on the bf16 copies; the work set's q, k, v, att are free room */
+    k->attention_bwd_bf16(dq, dk, dv, datt, sv->att, a->lse, sv->q, sv->k, sv->v, B, S, Hl, Kl, D,
+                          q_first, kv_first, group, a->q);
+  else
+    k->attention_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, S, Hl, Kl, D, q_first,
+                     kv_first, group);
   k->rope_bwd(dq, B, S, Hl, D, (float)m->rope_theta);
   k->rope_bwd(dk, B, S, Kl, D, (float)m->rope_theta);
   if (sv) { /* k's and v's input gradients added to q's inside their matmuls */

@@ -102,6 +102,9 @@ typedef struct ff_kernels {
    * pos · theta^(-2i/D), pos = the token's index in its sequence. Backward rotates back. */
   void (*rope_fwd)(float *x, int B, int S, int H, int D, float theta);
   void (*rope_bwd)(float *dx, int B, int S, int H, int D, float theta);
+  /* rope_fwd's rotation of x written to out in bf16 (rounded as to_bf16 rounds); x is left
+   * unspecified (a backend may rotate it in place) */
+  void (*rope_fwd_bf16)(uint16_t *out, float *x, int B, int S, int H, int D, float theta);
 
   /* Causal attention of local query heads q(B, S, Hq, D) over local kv heads k, v(B, S, Hkv, D):
    * local query head i is global head q_first + i and uses global kv head (q_first + i) / group,
@@ -114,6 +117,17 @@ typedef struct ff_kernels {
   void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
                         const float *lse, const float *q, const float *k, const float *v, int B,
                         int S, int Hq, int Hkv, int D, int q_first, int kv_first, int group);
+  /* The same on bf16 q, k, v (and out in the backward), as bf16 plans keep them, the forward
+   * writing out in bf16 (its fp32 result rounded as to_bf16 rounds). work: fp32 room for q, k, v
+   * and out in that order (2·B·S·Hq·D + 2·B·S·Hkv·D floats) where a backend may compute from
+   * fp32 copies; left unspecified. */
+  void (*attention_fwd_bf16)(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
+                             const uint16_t *v, int B, int S, int Hq, int Hkv, int D, int q_first,
+                             int kv_first, int group, float *work);
+  void (*attention_bwd_bf16)(float *dq, float *dk, float *dv, const float *dout,
+                             const uint16_t *out, const float *lse, const uint16_t *q,
+                             const uint16_t *k, const uint16_t *v, int B, int S, int Hq, int Hkv,
+                             int D, int q_first, int kv_first, int group, float *work);
 
   /* out = silu(gate) · up, elementwise over n; backward overwrites dgate, dup */
   void (*swiglu_fwd)(float *out, const float *gate, const float *up, int64_t n);

@@ -370,6 +370,11 @@ static void rope_fwd(float *x, int B, int S, int H, int D, float theta) {
   rope_rotate(x, B, S, H, D, theta, 1.0f);
 }
 
+static void rope_fwd_bf16(uint16_t *out, float *x, int B, int S, int H, int D, float theta) {
+  rope_rotate(x, B, S, H, D, theta, 1.0f);
+  to_bf16(out, x, (int64_t)B * S * H * D);
+}
+
 /* dx(B, S, H, D) in place, rotated back: a rotation's transpose is its inverse */
 static void rope_bwd(float *dx, int B, int S, int H, int D, float theta) {
   rope_rotate(dx, B, S, H, D, theta, -1.0f);
@@ -700,6 +705,36 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
                                                      Hq, Hkv, D, q_first, kv_first, group));
 }
 
+/* q, k, v widened to fp32 at the start of the work room, in that order */
+static void widen_qkv(float *work, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                      int64_t nq, int64_t nk) {
+  from_bf16(work, q, nq);
+  from_bf16(work + nq, k, nk);
+  from_bf16(work + nq + nk, v, nk);
+}
+
+/* The bf16 forms compute from fp32 copies of q, k, v (and out) in the caller's work room. */
+static void attention_fwd_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
+                               const uint16_t *v, int B, int S, int Hq, int Hkv, int D,
+                               int q_first, int kv_first, int group, float *work) {
+  int64_t nq = (int64_t)B * S * Hq * D, nk = (int64_t)B * S * Hkv * D;
+  float *wq = work, *wk = wq + nq, *wv = wk + nk, *wo = wv + nk;
+  widen_qkv(work, q, k, v, nq, nk);
+  attention_fwd(wo, lse, wq, wk, wv, B, S, Hq, Hkv, D, q_first, kv_first, group);
+  to_bf16(out, wo, nq);
+}
+
+static void attention_bwd_bf16(float *dq, float *dk, float *dv, const float *dout,
+                               const uint16_t *out, const float *lse, const uint16_t *q,
+                               const uint16_t *k, const uint16_t *v, int B, int S, int Hq,
+                               int Hkv, int D, int q_first, int kv_first, int group, float *work) {
+  int64_t nq = (int64_t)B * S * Hq * D, nk = (int64_t)B * S * Hkv * D;
+  float *wq = work, *wk = wq + nq, *wv = wk + nk, *wo = wv + nk;
+  widen_qkv(work, q, k, v, nq, nk);
+  from_bf16(wo, out, nq);
+  attention_bwd(dq, dk, dv, dout, wo, lse, wq, wk, wv, B, S, Hq, Hkv, D, q_first, kv_first, group);
+}
+
 /* ---- the table -------------------------------------------------------------------------- */
 
 static const ff_kernels cpu_kernels = {
@@ -729,8 +764,11 @@ static const ff_kernels cpu_kernels = {
     .rmsnorm_bwd_acc = rmsnorm_bwd_acc,
     .rope_fwd = rope_fwd,
     .rope_bwd = rope_bwd,
+    .rope_fwd_bf16 = rope_fwd_bf16,
     .attention_fwd = attention_fwd,
     .attention_bwd = attention_bwd,
+    .attention_fwd_bf16 = attention_fwd_bf16,
+    .attention_bwd_bf16 = attention_bwd_bf16,
     .swiglu_fwd = swiglu_fwd,
     .swiglu_bwd = swiglu_bwd,
     .swiglu_fwd_bf16 = swiglu_fwd_bf16,

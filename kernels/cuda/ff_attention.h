@@ -8,6 +8,7 @@
 #define FF_ATTENTION_H
 
 #include <cublas_v2.h>
+#include <stdint.h>
 
 /* Every local query head must map to a local kv head: a bad shard would read outside k and v.
  * Ends the job (ff_cuda_fatal) otherwise. */
@@ -31,6 +32,16 @@ extern "C" void ff_cuda_attention_tc_bwd(float *dq, float *dk, float *dv, const 
                                          const float *out, const float *lse, const float *q,
                                          const float *k, const float *v, int B, int S, int Hq,
                                          int Hkv, int D, int q_first, int kv_first, int group);
+/* The same on bf16 q, k, v and out, the forward writing out in bf16. */
+extern "C" void ff_cuda_attention_tc_fwd_bf16(uint16_t *out, float *lse, const uint16_t *q,
+                                              const uint16_t *k, const uint16_t *v, int B, int S,
+                                              int Hq, int Hkv, int D, int q_first, int kv_first,
+                                              int group);
+extern "C" void ff_cuda_attention_tc_bwd_bf16(float *dq, float *dk, float *dv, const float *dout,
+                                              const uint16_t *out, const float *lse,
+                                              const uint16_t *q, const uint16_t *k,
+                                              const uint16_t *v, int B, int S, int Hq, int Hkv,
+                                              int D, int q_first, int kv_first, int group);
 
 extern "C" void ff_cuda_attention_gemm_fwd(cublasHandle_t blas, cublasComputeType_t ct, float *out,
                                            float *lse, const float *q, const float *k,

@@ -32,18 +32,21 @@ __device__ static int ff_attn_kv_head(int h, int q_first, int kv_first, int grou
   return (q_first + h) / group - kv_first;
 }
 
-/* Σ_c a[c]·b[c] over one fp32 row of D values, in every lane of the warp. */
-__device__ static float ff_attn_row_dot(const float *a, const float *b, int D) {
+/* Σ_c a[c]·b[c] over one row of D values (b fp32 or bf16), in every lane of the warp. */
+template <typename T>
+__device__ static float ff_attn_row_dot(const float *a, const T *b, int D) {
   float s = 0.0f;
-  for (int c = threadIdx.x % FF_WARP; c < D; c += FF_WARP) s += a[c] * b[c];
+  for (int c = threadIdx.x % FF_WARP; c < D; c += FF_WARP) s += a[c] * ff_load(&b[c]);
   return ff_warp_sum(s);
 }
 
 /* For the `rows` query rows from i0 of one head (q_off: the head's first element in q, out,
  * dout; lse_head: its first in lse), the warps of the block taking every warps-th row:
- * delta[r] = Σ dout∘out over the row and lse_s[r] its log-sum-exp, both 0 past S. */
+ * delta[r] = Σ dout∘out over the row and lse_s[r] its log-sum-exp, both 0 past S. out is fp32
+ * or bf16. */
+template <typename T>
 __device__ static void ff_attn_row_stats(float *delta, float *lse_s, int rows, int warps,
-                                         const float *dout, const float *out, const float *lse,
+                                         const float *dout, const T *out, const float *lse,
                                          size_t q_off, size_t q_stride, size_t lse_head, int i0,
                                          int S, int D) {
   int lane = threadIdx.x % FF_WARP;

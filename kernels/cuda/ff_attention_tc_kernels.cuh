@@ -51,13 +51,15 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_bt;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
-/* Rows [first, first + TILE) of a (S, stride) fp32 matrix's D columns, rounded to bf16, into a
- * tile of row pitch ld; rows at or past S are zero. */
-__device__ static void load_bf16(bf16 *tile, int ld, const float *src, size_t stride, int first,
+/* Rows [first, first + TILE) of a (S, stride) fp32 or bf16 matrix's D columns, rounded to
+ * bf16 (exact for bf16), into a tile of row pitch ld; rows at or past S are zero. */
+template <typename T>
+__device__ static void load_bf16(bf16 *tile, int ld, const T *src, size_t stride, int first,
                                  int S, int D) {
   for (int idx = threadIdx.x; idx < TC_TILE * D; idx += blockDim.x) {
     int r = idx / D, c = idx % D, row = first + r;
-    tile[r * ld + c] = __float2bfloat16_rn(row < S ? src[(size_t)row * stride + c] : 0.0f);
+    tile[r * ld + c] =
+        __float2bfloat16_rn(row < S ? ff_load(&src[(size_t)row * stride + c]) : 0.0f);
   }
 }
 
@@ -96,10 +98,11 @@ __device__ static void warp_ab(frag_c *acc, const bf16 *a, int lda, const bf16 *
 
 /* ---- forward ---------------------------------------------------------------------------- */
 
-template <int DT> /* D = 16·DT */
+/* D = 16·DT; TI: the type of q, k, v (fp32 or bf16), TO: of out */
+template <int DT, typename TI = float, typename TO = float>
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_fwd_kernel(float *out, float *lse, const float *q, const float *k, const float *v, int S,
-                  int Hq, int Hkv, int q_first, int kv_first, int group, float scale) {
+    tc_fwd_kernel(TO *out, float *lse, const TI *q, const TI *k, const TI *v, int S, int Hq,
+                  int Hkv, int q_first, int kv_first, int group, float scale) {
   constexpr int D = 16 * DT, LDH = D + 8, LDO = D + 4;
   FF_DYNAMIC_SHARED(smem, 128);
   bf16 *Qs = (bf16 *)smem;                     /* TILE × LDH */
@@ -113,7 +116,7 @@ __global__ void __launch_bounds__(TC_THREADS)
   int hk = ff_attn_kv_head(h, q_first, kv_first, group);
   ff_attn_head a = ff_attn_head_at(b, h, hk, S, Hq, Hkv, D);
   size_t q_stride = a.q_stride, kv_stride = a.kv_stride;
-  const float *q_bh = q + a.q_off, *k_bh = k + a.kv_off, *v_bh = v + a.kv_off;
+  const TI *q_bh = q + a.q_off, *k_bh = k + a.kv_off, *v_bh = v + a.kv_off;
   load_bf16(Qs, LDH, q_bh, q_stride, q0, S, D);
 
   /* two lanes per row: this lane's row r of the tile; the pair takes alternate columns (half,
@@ -168,19 +171,20 @@ __global__ void __launch_bounds__(TC_THREADS)
   __syncwarp();
   if (t < S) {
     float inv_l = 1.0f / l;
-    float *o = out + ((size_t)b * S + t) * q_stride + (size_t)h * D;
-    for (int c = half; c < D; c += 2) o[c] = o_row[c] * inv_l;
+    TO *o = out + ((size_t)b * S + t) * q_stride + (size_t)h * D;
+    for (int c = half; c < D; c += 2) ff_store(&o[c], o_row[c] * inv_l);
     if (half == 0) lse[((size_t)b * Hq + h) * S + t] = m + logf(l);
   }
 }
 
 /* ---- backward: dq ----------------------------------------------------------------------- */
 
-template <int DT>
+/* TI: the type of out, q, k, v (fp32 or bf16) */
+template <int DT, typename TI = float>
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_bwd_dq_kernel(float *dq, const float *dout, const float *out, const float *lse,
-                     const float *q, const float *k, const float *v, int S, int Hq, int Hkv,
-                     int q_first, int kv_first, int group, float scale) {
+    tc_bwd_dq_kernel(float *dq, const float *dout, const TI *out, const float *lse, const TI *q,
+                     const TI *k, const TI *v, int S, int Hq, int Hkv, int q_first, int kv_first,
+                     int group, float scale) {
   constexpr int D = 16 * DT, LDH = D + 8, LDO = D + 4;
   FF_DYNAMIC_SHARED(smem, 128);
   bf16 *Qs = (bf16 *)smem;                     /* TILE × LDH */
@@ -196,7 +200,7 @@ __global__ void __launch_bounds__(TC_THREADS)
   int hk = ff_attn_kv_head(h, q_first, kv_first, group);
   ff_attn_head a = ff_attn_head_at(b, h, hk, S, Hq, Hkv, D);
   size_t q_stride = a.q_stride, kv_stride = a.kv_stride, q_off = a.q_off;
-  const float *k_bh = k + a.kv_off, *v_bh = v + a.kv_off;
+  const TI *k_bh = k + a.kv_off, *v_bh = v + a.kv_off;
   load_bf16(Qs, LDH, q + q_off, q_stride, q0, S, D);
   load_bf16(dOs, LDH, dout + q_off, q_stride, q0, S, D);
   ff_attn_row_stats(delta_s, lse_s, TC_TILE, TC_WARPS, dout, out, lse, q_off, q_stride,
@@ -241,11 +245,11 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 /* ---- backward: dk, dv ------------------------------------------------------------------- */
 
-template <int DT>
+template <int DT, typename TI = float>
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_bwd_dkdv_kernel(float *dk, float *dv, const float *dout, const float *out,
-                       const float *lse, const float *q, const float *k, const float *v, int S,
-                       int Hq, int Hkv, int q_first, int kv_first, int group, float scale) {
+    tc_bwd_dkdv_kernel(float *dk, float *dv, const float *dout, const TI *out, const float *lse,
+                       const TI *q, const TI *k, const TI *v, int S, int Hq, int Hkv,
+                       int q_first, int kv_first, int group, float scale) {
   constexpr int D = 16 * DT, LDH = D + 8, LDO = D + 4;
   FF_DYNAMIC_SHARED(smem, 128);
   bf16 *Ks = (bf16 *)smem;                     /* TILE × LDH */

@@ -15,6 +15,25 @@ enum { FF_WARP = 32 };
 #define FF_DYNAMIC_SHARED(name, align) extern __shared__ __align__(align) unsigned char name[]
 #endif
 
+/* to_bf16's rounding of one value: to nearest, ties to even; a NaN stays a NaN (quiet) */
+__device__ __forceinline__ uint16_t ff_bf16_bits(float v) {
+  uint32_t bits = __float_as_uint(v);
+  return (bits & 0x7fffffffu) > 0x7f800000u
+             ? (uint16_t)((bits >> 16) | 0x0040u)
+             : (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* A result stored as fp32, or as bf16 rounded as to_bf16 rounds: the kernels whose bf16 plans
+ * keep only a bf16 copy of their output write it so, with the same fp32 arithmetic. */
+__device__ __forceinline__ void ff_store(float *p, float v) { *p = v; }
+__device__ __forceinline__ void ff_store(uint16_t *p, float v) { *p = ff_bf16_bits(v); }
+
+/* An input read as fp32, or from bf16 (exactly) */
+__device__ __forceinline__ float ff_load(const float *p) { return *p; }
+__device__ __forceinline__ float ff_load(const uint16_t *p) {
+  return __uint_as_float((uint32_t)*p << 16);
+}
+
 __device__ __forceinline__ float ff_warp_sum(float x) {
   for (int o = FF_WARP / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;

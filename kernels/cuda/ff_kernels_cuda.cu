@@ -403,6 +403,55 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
   op_end(t);
 }
 
+static void to_bf16(uint16_t *dst, const float *src, int64_t n);
+static void from_bf16(float *dst, const uint16_t *src, int64_t n);
+
+/* q, k, v widened to fp32 at the start of the work room, in that order */
+static void widen_qkv(float *work, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                      int64_t nq, int64_t nk) {
+  from_bf16(work, q, nq);
+  from_bf16(work + nq, k, nk);
+  from_bf16(work + nq + nk, v, nk);
+}
+
+/* On bf16 q, k, v (and out): the tensor-core kernels read them as they are; the other two
+ * attentions compute from fp32 copies in the caller's work room. */
+static void attention_fwd_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
+                               const uint16_t *v, int B, int S, int Hq, int Hkv, int D,
+                               int q_first, int kv_first, int group, float *work) {
+  if (tensor_attention(D, Hq)) {
+    ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
+    int t = op_begin(OP_ATTENTION);
+    ff_cuda_attention_tc_fwd_bf16(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
+    op_end(t);
+    return;
+  }
+  int64_t nq = (int64_t)B * S * Hq * D, nk = (int64_t)B * S * Hkv * D;
+  float *wq = work, *wk = wq + nq, *wv = wk + nk, *wo = wv + nk;
+  widen_qkv(work, q, k, v, nq, nk);
+  attention_fwd(wo, lse, wq, wk, wv, B, S, Hq, Hkv, D, q_first, kv_first, group);
+  to_bf16(out, wo, nq);
+}
+
+static void attention_bwd_bf16(float *dq, float *dk, float *dv, const float *dout,
+                               const uint16_t *out, const float *lse, const uint16_t *q,
+                               const uint16_t *k, const uint16_t *v, int B, int S, int Hq,
+                               int Hkv, int D, int q_first, int kv_first, int group, float *work) {
+  if (tensor_attention(D, Hq)) {
+    ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
+    int t = op_begin(OP_ATTENTION);
+    ff_cuda_attention_tc_bwd_bf16(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first,
+                                  kv_first, group);
+    op_end(t);
+    return;
+  }
+  int64_t nq = (int64_t)B * S * Hq * D, nk = (int64_t)B * S * Hkv * D;
+  float *wq = work, *wk = wq + nq, *wv = wk + nk, *wo = wv + nk;
+  widen_qkv(work, q, k, v, nq, nk);
+  from_bf16(wo, out, nq);
+  attention_bwd(dq, dk, dv, dout, wo, lse, wq, wk, wv, B, S, Hq, Hkv, D, q_first, kv_first, group);
+}
+
 /* ---- embedding -------------------------------------------------------------------------- */
 
 static void embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C,
@@ -473,6 +522,14 @@ static void rope(float *x, int B, int S, int H, int D, float theta, float sign) 
 
 static void rope_fwd(float *x, int B, int S, int H, int D, float theta) { rope(x, B, S, H, D, theta, 1.0f); }
 static void rope_bwd(float *dx, int B, int S, int H, int D, float theta) { rope(dx, B, S, H, D, theta, -1.0f); }
+
+static void rope_fwd_bf16(uint16_t *out, float *x, int B, int S, int H, int D, float theta) {
+  int64_t pairs = (int64_t)B * S * H * (D / 2);
+  if (pairs <= 0) return;
+  rope_out_kernel<<<ff_grid_for(pairs, THREADS), THREADS, 0, g.stream>>>(out, x, S, H, D, theta,
+                                                                          1.0f, pairs);
+  FF_CUDA_LAUNCHED("rope_fwd_bf16");
+}
 
 /* ---- elementwise ------------------------------------------------------------------------ */
 
@@ -570,10 +627,10 @@ static const ff_kernels cuda_kernels = {
     cuda_alloc, cuda_release, cuda_zero, cuda_copy, cuda_copy, cuda_alloc_host, cuda_release_host,
     cuda_sync, cuda_memory, cuda_op_seconds, matmul_fwd, matmul_bwd, matmul_fwd_bf16,
     matmul_bwd_bf16, matmul_fwd_bf16_rounded, matmul_bwd_bf16_acc, embedding_fwd, embedding_bwd,
-    rmsnorm_fwd, rmsnorm_bwd, rmsnorm_fwd_bf16, rmsnorm_bwd_acc, rope_fwd, rope_bwd, attention_fwd,
-    attention_bwd, swiglu_fwd, swiglu_bwd, swiglu_fwd_bf16, swiglu_bwd_bf16, add, accumulate,
-    scale, ce_row_max, ce_row_sum, ce_loss_grad, adamw, sum_squares, cuda_copy_rows, to_bf16,
-    from_bf16,
+    rmsnorm_fwd, rmsnorm_bwd, rmsnorm_fwd_bf16, rmsnorm_bwd_acc, rope_fwd, rope_bwd, rope_fwd_bf16,
+    attention_fwd, attention_bwd, attention_fwd_bf16, attention_bwd_bf16, swiglu_fwd, swiglu_bwd,
+    swiglu_fwd_bf16, swiglu_bwd_bf16, add, accumulate, scale, ce_row_max, ce_row_sum,
+    ce_loss_grad, adamw, sum_squares, cuda_copy_rows, to_bf16, from_bf16,
 };
 
 static bool setup_failed(cudaError_t err, const char *what, char *why, size_t why_cap) {

@@ -20,25 +20,6 @@ enum {
   RMS_W_ROWS = 8,     /* rmsnorm_bwd_w_kernel: row lanes per block of 32 columns */
 };
 
-/* to_bf16's rounding of one value: to nearest, ties to even; a NaN stays a NaN (quiet) */
-__device__ __forceinline__ uint16_t ff_bf16_bits(float v) {
-  uint32_t bits = __float_as_uint(v);
-  return (bits & 0x7fffffffu) > 0x7f800000u
-             ? (uint16_t)((bits >> 16) | 0x0040u)
-             : (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
-/* A result stored as fp32, or as bf16 rounded as to_bf16 rounds: the kernels whose bf16 plans
- * keep only a bf16 copy of their output write it so, with the same fp32 arithmetic. */
-__device__ __forceinline__ void ff_store(float *p, float v) { *p = v; }
-__device__ __forceinline__ void ff_store(uint16_t *p, float v) { *p = ff_bf16_bits(v); }
-
-/* An input read as fp32, or from bf16 (exactly) */
-__device__ __forceinline__ float ff_load(const float *p) { return *p; }
-__device__ __forceinline__ float ff_load(const uint16_t *p) {
-  return __uint_as_float((uint32_t)*p << 16);
-}
-
 /* out(N, C): one row per block */
 __global__ void embedding_fwd_kernel(float *out, const int32_t *tokens, const float *table, int C,
                                      int vocab_first, int vocab_end) {
@@ -110,20 +91,31 @@ __global__ void rmsnorm_bwd_w_kernel(float *dw, const float *dout, const float *
   }
 }
 
-/* One thread per rotation pair; the angle in double, as the CPU backend computes it. */
-__global__ void rope_kernel(float *x, int S, int H, int D, float theta, float sign, int64_t pairs) {
+/* One thread per rotation pair; the angle in double, as the CPU backend computes it. In place on
+ * x, or (rope_out_kernel) x's rotation written to out, fp32 or bf16. */
+template <typename T>
+__device__ __forceinline__ void rope_pair(T *out, const float *x, int64_t idx, int S, int H, int D,
+                                          float theta, float sign) {
   int half = D / 2;
-  FF_GRID_STRIDE(idx, pairs) {
-    int i = (int)(idx % half);
-    int64_t row = idx / half; /* (b, s, h) */
-    int s = (int)((row / H) % S);
-    double inv_freq = pow((double)theta, -2.0 * i / D);
-    float cs = (float)cos(s * inv_freq), sn = sign * (float)sin(s * inv_freq);
-    float *xp = x + row * D + 2 * i;
-    float x0 = xp[0], x1 = xp[1];
-    xp[0] = x0 * cs - x1 * sn;
-    xp[1] = x0 * sn + x1 * cs;
-  }
+  int i = (int)(idx % half);
+  int64_t row = idx / half; /* (b, s, h) */
+  int s = (int)((row / H) % S);
+  double inv_freq = pow((double)theta, -2.0 * i / D);
+  float cs = (float)cos(s * inv_freq), sn = sign * (float)sin(s * inv_freq);
+  int64_t at = row * D + 2 * i;
+  float x0 = x[at], x1 = x[at + 1];
+  ff_store(&out[at], x0 * cs - x1 * sn);
+  ff_store(&out[at + 1], x0 * sn + x1 * cs);
+}
+
+template <typename T>
+__global__ void rope_out_kernel(T *out, const float *x, int S, int H, int D, float theta,
+                                float sign, int64_t pairs) {
+  FF_GRID_STRIDE(idx, pairs) rope_pair(out, x, idx, S, H, D, theta, sign);
+}
+
+__global__ void rope_kernel(float *x, int S, int H, int D, float theta, float sign, int64_t pairs) {
+  FF_GRID_STRIDE(idx, pairs) rope_pair(x, x, idx, S, H, D, theta, sign);
 }
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -381,7 +381,18 @@ static void check_rope(int B, int S, int H, int D) {
   cpu->rope_bwd(x.c, B, S, H, D, 10000.0f);
   gpu->rope_bwd(x.g, B, S, H, D, 10000.0f);
   check("rope_bwd", x, 1e-5);
-  drop(x);
+  /* rope_fwd_bf16: its bf16 output as values (one bf16 step where the fp32 results round apart) */
+  int64_t n = (int64_t)B * S * H * D;
+  uint16_t *hc = cpu->alloc((size_t)n * 2), *hg = gpu_halves(n);
+  pair vals = output(n);
+  cpu->rope_fwd_bf16(hc, x.c, B, S, H, D, 10000.0f);
+  gpu->rope_fwd_bf16(hg, x.g, B, S, H, D, 10000.0f);
+  cpu->from_bf16(vals.c, hc, n);
+  gpu->from_bf16(vals.g, hg, n);
+  check("rope_fwd_bf16", vals, 1e-2);
+  cpu->release(hc);
+  gpu->release(hg);
+  drop(x), drop(vals);
 }
 
 /* Hq local query heads from global q_first, over Hkv local kv heads from kv_first. */
@@ -405,6 +416,30 @@ static void check_attention(int B, int S, int Hq, int Hkv, int D, int q_first, i
              q_first, kv_first, what[i]);
     check(name, *got[i], attention_tol);
   }
+  /* the bf16 forms (bf16 q, k, v and out), against the CPU's on the same bf16 values: 1e-2 */
+  uint16_t *qg, *kg, *vg, *qc = halves(q, &qg), *kc = halves(k, &kg), *vc = halves(v, &vg);
+  uint16_t *oc = cpu->alloc((size_t)nq * 2), *og = gpu_halves(nq);
+  size_t work = (size_t)(2 * nq + 2 * nk) * 4;
+  float *wc = cpu->alloc(work), *wg = gpu->alloc(work);
+  pair o16 = output(nq), lse16 = output((int64_t)B * Hq * S);
+  pair dq16 = output(nq), dk16 = output(nk), dv16 = output(nk);
+  cpu->attention_fwd_bf16(oc, lse16.c, qc, kc, vc, B, S, Hq, Hkv, D, q_first, kv_first, group, wc);
+  gpu->attention_fwd_bf16(og, lse16.g, qg, kg, vg, B, S, Hq, Hkv, D, q_first, kv_first, group, wg);
+  cpu->from_bf16(o16.c, oc, nq);
+  gpu->from_bf16(o16.g, og, nq);
+  cpu->attention_bwd_bf16(dq16.c, dk16.c, dv16.c, dout.c, oc, lse16.c, qc, kc, vc, B, S, Hq, Hkv,
+                          D, q_first, kv_first, group, wc);
+  gpu->attention_bwd_bf16(dq16.g, dk16.g, dv16.g, dout.g, og, lse16.g, qg, kg, vg, B, S, Hq, Hkv,
+                          D, q_first, kv_first, group, wg);
+  pair *got16[5] = {&o16, &lse16, &dq16, &dk16, &dv16};
+  for (int i = 0; i < 5; i++) {
+    snprintf(name, sizeof name, "attention_bf16 B%d S%d Hq%d Hkv%d D%d q%d kv%d: %s", B, S, Hq,
+             Hkv, D, q_first, kv_first, what[i]);
+    check(name, *got16[i], 1e-2);
+  }
+  cpu->release(qc), cpu->release(kc), cpu->release(vc), cpu->release(oc), cpu->release(wc);
+  gpu->release(qg), gpu->release(kg), gpu->release(vg), gpu->release(og), gpu->release(wg);
+  drop(o16), drop(lse16), drop(dq16), drop(dk16), drop(dv16);
   drop(q), drop(k), drop(v), drop(out), drop(lse), drop(dout), drop(dq), drop(dk), drop(dv);
 }
 

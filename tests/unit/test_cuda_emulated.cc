@@ -312,6 +312,13 @@ static void check_rope(int B, int S, int H, int D) {
   cpu->rope_bwd(want.data(), B, S, H, D, 10000.0f);
   launch_1d(pairs, [&] { rope_kernel(got.data(), S, H, D, 10000.0f, -1.0f, pairs); });
   check("rope_bwd (after rope_fwd)", got, want, 1e-5);
+  /* rope_fwd_bf16: the rotation written out in bf16, x untouched */
+  std::vector<float> x2 = random(x.size()), rot = x2, keep = x2;
+  std::vector<uint16_t> h = nan_halves(x.size());
+  launch_1d(pairs, [&] { rope_kernel(rot.data(), S, H, D, 10000.0f, 1.0f, pairs); });
+  launch_1d(pairs, [&] { rope_out_kernel(h.data(), x2.data(), S, H, D, 10000.0f, 1.0f, pairs); });
+  check_rounds("rope_fwd_bf16", h, rot);
+  check("rope_fwd_bf16 leaves its input", x2, keep, 0);
 }
 
 static void check_elementwise(int64_t n) {
@@ -435,6 +442,79 @@ static void check_bf16(int64_t n) {
   printf("%-52s %-4s bit for bit\n", "to_bf16, from_bf16", same ? "ok" : "FAIL");
 }
 
+/* The tensor-core kernels on bf16 q, k, v and out, as bf16 plans run them, against the same
+ * kernels on those values widened to fp32: the same bits in shared memory, so the same results,
+ * the forward's output rounded on the way out. */
+static std::vector<uint16_t> rounded(std::vector<float> &x) { /* x becomes its bf16 value */
+  std::vector<uint16_t> h(x.size());
+  cpu->to_bf16(h.data(), x.data(), (int64_t)x.size());
+  cpu->from_bf16(x.data(), h.data(), (int64_t)x.size());
+  return h;
+}
+
+static bool same_bits(const std::vector<float> &a, const std::vector<float> &b) {
+  return memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+template <int DT>
+static void check_attention_tc_bf16(int B, int S, int Hq, int Hkv, int q_first, int kv_first,
+                                    int group) {
+  const int D = 16 * DT;
+  float scale = 1.0f / sqrtf((float)D);
+  size_t nq = (size_t)B * S * Hq * D, nk = (size_t)B * S * Hkv * D, nl = (size_t)B * Hq * S;
+  std::vector<float> q = random(nq), k = random(nk), v = random(nk), dout = random(nq);
+  for (auto &x : q) x *= 3;
+  std::vector<uint16_t> q16 = rounded(q), k16 = rounded(k), v16 = rounded(v);
+  unsigned tiles = (unsigned)((S + TC_TILE - 1) / TC_TILE);
+  std::vector<float> out = nans(nq), lse = nans(nl), lse16 = nans(nl);
+  std::vector<uint16_t> out16 = nan_halves(nq);
+  launch(blocks(tiles, Hq, B), blocks(TC_THREADS), tc_fwd_smem(D), [&] {
+    tc_fwd_kernel<DT>(out.data(), lse.data(), q.data(), k.data(), v.data(), S, Hq, Hkv, q_first,
+                      kv_first, group, scale);
+  });
+  launch(blocks(tiles, Hq, B), blocks(TC_THREADS), tc_fwd_smem(D), [&] {
+    tc_fwd_kernel<DT>(out16.data(), lse16.data(), q16.data(), k16.data(), v16.data(), S, Hq, Hkv,
+                      q_first, kv_first, group, scale);
+  });
+  check_rounds("tensor, bf16 in and out: out", out16, out);
+  checks++;
+  failures += !same_bits(lse16, lse);
+  printf("%-52s %-4s bit for bit\n", "tensor, bf16 in and out: lse",
+         same_bits(lse16, lse) ? "ok" : "FAIL");
+  std::vector<float> outw(nq); /* the backward reads the forward's bf16 output */
+  cpu->from_bf16(outw.data(), out16.data(), (int64_t)nq);
+  std::vector<float> dq[2] = {nans(nq), nans(nq)}, dk[2] = {nans(nk), nans(nk)};
+  std::vector<float> dv[2] = {nans(nk), nans(nk)};
+  launch(blocks(tiles, Hq, B), blocks(TC_THREADS), tc_dq_smem(D), [&] {
+    tc_bwd_dq_kernel<DT>(dq[0].data(), dout.data(), outw.data(), lse.data(), q.data(), k.data(),
+                         v.data(), S, Hq, Hkv, q_first, kv_first, group, scale);
+  });
+  launch(blocks(tiles, Hq, B), blocks(TC_THREADS), tc_dq_smem(D), [&] {
+    tc_bwd_dq_kernel<DT>(dq[1].data(), dout.data(), out16.data(), lse.data(), q16.data(),
+                         k16.data(), v16.data(), S, Hq, Hkv, q_first, kv_first, group, scale);
+  });
+  launch(blocks(tiles, Hkv, B), blocks(TC_THREADS), tc_dkdv_smem(D), [&] {
+    tc_bwd_dkdv_kernel<DT>(dk[0].data(), dv[0].data(), dout.data(), outw.data(), lse.data(),
+                           q.data(), k.data(), v.data(), S, Hq, Hkv, q_first, kv_first, group,
+                           scale);
+  });
+  launch(blocks(tiles, Hkv, B), blocks(TC_THREADS), tc_dkdv_smem(D), [&] {
+    tc_bwd_dkdv_kernel<DT>(dk[1].data(), dv[1].data(), dout.data(), out16.data(), lse.data(),
+                           q16.data(), k16.data(), v16.data(), S, Hq, Hkv, q_first, kv_first,
+                           group, scale);
+  });
+  const char *what[3] = {"dq", "dk", "dv"};
+  const std::vector<float> *pairs[3] = {dq, dk, dv};
+  for (int i = 0; i < 3; i++) {
+    bool ok = same_bits(pairs[i][1], pairs[i][0]);
+    char name[96];
+    snprintf(name, sizeof name, "tensor, bf16 in: %s", what[i]);
+    checks++;
+    failures += !ok;
+    printf("%-52s %-4s bit for bit\n", name, ok ? "ok" : "FAIL");
+  }
+}
+
 int main(void) {
   cpu = ff_kernels_cpu(1);
   check_embedding(7, 300, 256, 40, 240); /* C past one block of threads, tokens off the shard */
@@ -455,6 +535,7 @@ int main(void) {
   check_attention(true, 2, 77, 2, 2, 16, 0, 0, 1);    /* S past one tile, not a multiple */
   check_attention(true, 1, 40, 3, 2, 32, 1, 0, 2);    /* one partial tile, GQA shard */
   check_attention(true, 1, 70, 2, 1, 48, 2, 1, 2);    /* D 48: heads 2-3 over kv head 1 */
+  check_attention_tc_bf16<2>(1, 80, 3, 2, 1, 0, 2);  /* bf16 in and out: GQA shard, 2 tiles */
   check_attention(true, 1, 130, 2, 1, 64, 0, 0, 2);   /* three tiles, GQA */
   check_attention(true, 1, 96, 2, 2, 128, 0, 0, 1);   /* the largest D */
   printf("%d checks, %d failed\n", checks, failures);

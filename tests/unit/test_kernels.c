@@ -313,6 +313,42 @@ static void bf16_writing_kernels_round_their_fp32_results(void **state) {
   free(dg), free(du), free(wm), free(xm), free(prod), free(prod16);
 }
 
+/* The bf16 attention forms compute what the fp32 forms compute on the bf16 values (the forward's
+ * output rounded), and rope_fwd_bf16 writes rope_fwd's result rounded. */
+static void bf16_attention_and_rope_are_the_fp32_forms_on_bf16_values(void **state) {
+  (void)state;
+  enum { B = 2, S = 9, HQ = 4, HKV = 2, D = 8, NQ = B * S * HQ * D, NK = B * S * HKV * D };
+  double *unused[3];
+  uint16_t *q = bf16_random(NQ, 61, &unused[0]), *k = bf16_random(NK, 62, &unused[1]);
+  uint16_t *v = bf16_random(NK, 63, &unused[2]);
+  float *qf = fvec(NQ), *kf = fvec(NK), *vf = fvec(NK), *out = fvec(NQ), *lse = fvec(B * HQ * S);
+  float *lse16 = fvec(B * HQ * S), *work = fvec(2 * NQ + 2 * NK), *dout = frandom(NQ, 1.0f, 64);
+  uint16_t *out16 = calloc(NQ, sizeof *out16);
+  assert_non_null(out16);
+  K->from_bf16(qf, q, NQ), K->from_bf16(kf, k, NK), K->from_bf16(vf, v, NK);
+  K->attention_fwd(out, lse, qf, kf, vf, B, S, HQ, HKV, D, 0, 0, 2);
+  K->attention_fwd_bf16(out16, lse16, q, k, v, B, S, HQ, HKV, D, 0, 0, 2, work);
+  assert_rounds_of("attention_fwd_bf16 out", out16, out, NQ);
+  assert_memory_equal(lse, lse16, B * HQ * S * sizeof *lse);
+  float *outw = fvec(NQ), *g[6];
+  for (int i = 0; i < 6; i++) g[i] = fvec(i % 3 == 0 ? NQ : NK);
+  K->from_bf16(outw, out16, NQ);
+  K->attention_bwd(g[0], g[1], g[2], dout, outw, lse, qf, kf, vf, B, S, HQ, HKV, D, 0, 0, 2);
+  K->attention_bwd_bf16(g[3], g[4], g[5], dout, out16, lse, q, k, v, B, S, HQ, HKV, D, 0, 0, 2,
+                        work);
+  assert_memory_equal(g[0], g[3], NQ * sizeof(float));
+  assert_memory_equal(g[1], g[4], NK * sizeof(float));
+  assert_memory_equal(g[2], g[5], NK * sizeof(float));
+  float *x = frandom(NQ, 1.0f, 65), *rot = fcopy(x, NQ);
+  K->rope_fwd(rot, B, S, HQ, D, 10000.0f);
+  K->rope_fwd_bf16(out16, x, B, S, HQ, D, 10000.0f);
+  assert_rounds_of("rope_fwd_bf16", out16, rot, NQ);
+  for (int i = 0; i < 3; i++) free(unused[i]);
+  for (int i = 0; i < 6; i++) free(g[i]);
+  free(q), free(k), free(v), free(qf), free(kf), free(vf), free(out), free(lse), free(lse16);
+  free(work), free(dout), free(out16), free(outw), free(x), free(rot);
+}
+
 /* ---- embedding -------------------------------------------------------------------------- */
 
 enum { EMB_N = 7, EMB_C = 8, EMB_FIRST = 3, EMB_END = 7 }; /* a shard of rows [3, 7) of 10 */
@@ -972,6 +1008,7 @@ int main(void) {
       cmocka_unit_test(matmul_bwd_with_null_dinp_only_accumulates_dw),
       cmocka_unit_test(bf16_matmuls_match_float64_on_the_bf16_values),
       cmocka_unit_test(bf16_writing_kernels_round_their_fp32_results),
+      cmocka_unit_test(bf16_attention_and_rope_are_the_fp32_forms_on_bf16_values),
       cmocka_unit_test(embedding_fwd_copies_shard_rows_and_zeros_tokens_off_the_shard),
       cmocka_unit_test(embedding_bwd_adds_dout_to_shard_rows_and_ignores_tokens_off_the_shard),
       cmocka_unit_test(rmsnorm_fwd_scales_rows_by_reciprocal_rms_and_weight),

@@ -8,12 +8,13 @@
  * and the backward pass walks the same list in reverse. Where a tensor-parallel group would
  * all-reduce (after the row-parallel Wo and Wd, and the input gradients of the column-parallel
  * matmuls) this one-rank code holds the whole sums already. A bf16 plan keeps what the backward
- * needs in bf16: each such tensor is rounded as it is made (keep) and unpacked for the backward
- * (load_layer), the layer itself computed in fp32 in one work set, and runs every matmul on bf16
- * operands: a bf16 copy of the weights, the kept bf16 inputs, output gradients rounded to bf16
- * (mm_fwd, mm_bwd), accumulating in fp32. A stage with full recompute
- * keeps only each layer's input, and load_layer runs the layer's forward again into the work
- * set. What is allocated here is what the cost model predicts (ff_mem_layer_kept_bytes,
+ * needs in bf16: the residual stream is rounded in place as it is made (keep) and unpacked for
+ * the backward (load_layer); every other kept tensor is written in bf16 by the kernel that
+ * makes it and read so by the matmuls, attention and SwiGLU; the rest of the layer is computed
+ * in fp32 in one work set. Every matmul runs on bf16 operands: a bf16 copy of the weights, the
+ * kept bf16 inputs, output gradients rounded to bf16 (mm_fwd, mm_bwd), accumulating in fp32.
+ * A stage with full recompute keeps only each layer's input, and load_layer runs the layer's
+ * forward again into the work set. What is allocated here is what the cost model predicts (ff_mem_layer_kept_bytes,
  * ff_mem_stage_buffer_bytes): change one, change the other. */
 #define _POSIX_C_SOURCE 200809L
 #include "model.h"
@@ -530,12 +531,12 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
   float *tmp = mr->scratch_a;
   int64_t NC = (int64_t)N * C;
   int64_t nf = (int64_t)N * Fl;
-#define KEEP(field, n) keep(mr, sv ? sv->field : NULL, a->field, n)
-  /* h1, h2 and act only feed matmuls, which read the bf16 copy, and the backward reads only the
-   * copy too (mm_bwd): under bf16 storage the kernels write the copy alone, never unpacked;
-   * gate and up likewise, which only SwiGLU reads */
+  /* bf16 storage: the residual stream (x_in, x_mid) is rounded in place and kept (keep), as the
+   * fp32 adds and RMSNorms read it; every other tensor the layer keeps is written in bf16 by the
+   * kernel that makes it, and the matmuls, attention and SwiGLU read it so, forward and
+   * backward */
   float eps = (float)m->norm_eps;
-  KEEP(x_in, NC);
+  keep(mr, sv ? sv->x_in : NULL, a->x_in, NC);
   if (sv)
     k->rmsnorm_fwd_bf16(sv->h1, a->rstd1, a->x_in, w.attn_norm, N, C, eps);
   else
@@ -565,7 +566,7 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
   mm_fwd(mr, tmp, a->att, sv ? sv->att : NULL, w.wo, N, Hl * D, C);
   tp_sum(mr, tmp, NC); /* row-parallel Wo: the group sums its partial outputs */
   k->add(a->x_mid, a->x_in, tmp, NC);
-  KEEP(x_mid, NC);
+  keep(mr, sv ? sv->x_mid : NULL, a->x_mid, NC);
   if (sv)
     k->rmsnorm_fwd_bf16(sv->h2, a->rstd2, a->x_mid, w.mlp_norm, N, C, eps);
   else
@@ -579,7 +580,6 @@ static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_sa
     k->matmul_fwd(a->up, a->h2, w.w_up, N, C, Fl);
     k->swiglu_fwd(a->act, a->gate, a->up, nf);
   }
-#undef KEEP
   mm_fwd(mr, tmp, a->act, sv ? sv->act : NULL, w.w_down, N, Fl, C);
   tp_sum(mr, tmp, (int64_t)N * C); /* row-parallel W_down */
   k->add(x_out, a->x_mid, tmp, (int64_t)N * C);

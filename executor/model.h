@@ -72,8 +72,9 @@ typedef struct ff_model_rank {
   bool bf16;
   uint16_t *params_half, *operand_half, *head_half;
   /* activations of up to n_slots micro-batches in flight, each of up to `tokens` tokens: fp32 in
-   * acts, or with bf16_activations in saved (computed in fp32 in the one layer's `work`, each
-   * saved tensor rounded to bf16 as it is made, so forward and backward see the same values).
+   * acts, or with bf16_activations in saved (each saved tensor made in bf16, or rounded to bf16
+   * as it is made, so forward and backward see the same values; the rest computed in fp32 in
+   * the one layer's `work`).
    * With recompute_full a layer keeps only its input x_in; every other entry of acts or saved
    * points into one shared set, and the backward runs the layer's forward again into it. */
   int64_t tokens;

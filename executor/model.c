@@ -628,13 +628,17 @@ static void backward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_s
   else
     k->attention_bwd(dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, S, Hl, Kl, D, q_first,
                      kv_first, group);
-  k->rope_bwd(dq, B, S, Hl, D, (float)m->rope_theta);
-  k->rope_bwd(dk, B, S, Kl, D, (float)m->rope_theta);
-  if (sv) { /* k's and v's input gradients added to q's inside their matmuls */
-    mm_bwd(mr, dh, g.wq, dq, o16, a->h1, sv->h1, w.wq, N, C, Hl * D, false);
-    mm_bwd(mr, dh, g.wk, dk, o16, a->h1, sv->h1, w.wk, N, C, Kl * D, true);
+  float theta = (float)m->rope_theta;
+  if (sv) { /* dq, dk rotated back straight into bf16; k's and v's input gradients added to q's
+             * inside their matmuls */
+    k->rope_bwd_bf16(o16, dq, B, S, Hl, D, theta);
+    k->matmul_bwd_bf16(dh, g.wq, o16, sv->h1, half_of(mr, w.wq), N, C, Hl * D);
+    k->rope_bwd_bf16(o16, dk, B, S, Kl, D, theta);
+    k->matmul_bwd_bf16_acc(dh, g.wk, o16, sv->h1, half_of(mr, w.wk), N, C, Kl * D);
     mm_bwd(mr, dh, g.wv, dv, o16, a->h1, sv->h1, w.wv, N, C, Kl * D, true);
   } else {
+    k->rope_bwd(dq, B, S, Hl, D, theta);
+    k->rope_bwd(dk, B, S, Kl, D, theta);
     k->matmul_bwd(dh, g.wq, dq, a->h1, w.wq, N, C, Hl * D);
     k->matmul_bwd(t, g.wk, dk, a->h1, w.wk, N, C, Kl * D);
     k->accumulate(dh, t, NC);
@@ -666,8 +670,13 @@ static void head_forward_backward(ff_model_rank *mr, const float *x_final, int64
   k->ce_row_sum(mr->row_sum, mr->logits, mr->row_max, N, V);
   tp_sum(mr, mr->row_sum, N);
   k->zero(mr->loss, (size_t)N * sizeof(float));
-  k->ce_loss_grad(mr->loss, mr->logits, mr->logits, mr->targets_in, mr->row_max, mr->row_sum, N, V,
-                  (int)mr->spec.vocab.first, grad_scale);
+  uint16_t *dlogits16 = h16 ? h16 + (int64_t)N * C : NULL; /* bf16: the gradient goes there */
+  if (dlogits16)
+    k->ce_loss_grad_bf16(mr->loss, dlogits16, mr->logits, mr->targets_in, mr->row_max,
+                         mr->row_sum, N, V, (int)mr->spec.vocab.first, grad_scale);
+  else
+    k->ce_loss_grad(mr->loss, mr->logits, mr->logits, mr->targets_in, mr->row_max, mr->row_sum,
+                    N, V, (int)mr->spec.vocab.first, grad_scale);
   float *host_loss = malloc((size_t)N * sizeof *host_loss);
   if (host_loss) { /* each rank adds the losses of the targets in its vocabulary shard */
     k->to_host(host_loss, mr->loss, (size_t)N * sizeof *host_loss);
@@ -676,8 +685,10 @@ static void head_forward_backward(ff_model_rank *mr, const float *x_final, int64
     free(host_loss);
   }
   float *dh = mr->scratch_b;
-  mm_bwd(mr, dh, head_g, mr->logits, h16 ? h16 + (int64_t)N * C : NULL, mr->h_final, h16, head_w,
-         N, C, V, false);
+  if (dlogits16)
+    k->matmul_bwd_bf16(dh, head_g, dlogits16, h16, half_of(mr, head_w), N, C, V);
+  else
+    k->matmul_bwd(dh, head_g, mr->logits, mr->h_final, head_w, N, C, V);
   tp_sum(mr, dh, (int64_t)N * C); /* vocabulary-parallel head: sum the input gradient */
   k->rmsnorm_bwd(dx, norm_g, dh, x_final, norm_w, mr->rstd_final, N, C);
 }

@@ -105,6 +105,8 @@ typedef struct ff_kernels {
   /* rope_fwd's rotation of x written to out in bf16 (rounded as to_bf16 rounds); x is left
    * unspecified (a backend may rotate it in place) */
   void (*rope_fwd_bf16)(uint16_t *out, float *x, int B, int S, int H, int D, float theta);
+  /* rope_bwd's rotation likewise: dx's rotation back, written to out in bf16 */
+  void (*rope_bwd_bf16)(uint16_t *out, float *dx, int B, int S, int H, int D, float theta);
 
   /* Causal attention of local query heads q(B, S, Hq, D) over local kv heads k, v(B, S, Hkv, D):
    * local query head i is global head q_first + i and uses global kv head (q_first + i) / group,
@@ -158,6 +160,11 @@ typedef struct ff_kernels {
   void (*ce_loss_grad)(float *loss, float *dlogits, const float *logits, const int32_t *targets,
                        const float *row_max, const float *row_sum, int N, int V, int vocab_first,
                        float scale);
+  /* pass 3 writing dlogits in bf16 (the fp32 gradient rounded as to_bf16 rounds), apart from
+   * logits: the LM head's matmuls read it so in bf16 plans */
+  void (*ce_loss_grad_bf16)(float *loss, uint16_t *dlogits, const float *logits,
+                            const int32_t *targets, const float *row_max, const float *row_sum,
+                            int N, int V, int vocab_first, float scale);
 
   /* AdamW with decoupled weight decay and bias correction (step counts from 1); grad is scaled
    * by grad_scale first (the clipping factor). */

@@ -375,6 +375,11 @@ static void rope_fwd_bf16(uint16_t *out, float *x, int B, int S, int H, int D, f
   to_bf16(out, x, (int64_t)B * S * H * D);
 }
 
+static void rope_bwd_bf16(uint16_t *out, float *dx, int B, int S, int H, int D, float theta) {
+  rope_rotate(dx, B, S, H, D, theta, -1.0f);
+  to_bf16(out, dx, (int64_t)B * S * H * D);
+}
+
 /* dx(B, S, H, D) in place, rotated back: a rotation's transpose is its inverse */
 static void rope_bwd(float *dx, int B, int S, int H, int D, float theta) {
   rope_rotate(dx, B, S, H, D, theta, -1.0f);
@@ -595,6 +600,25 @@ static void ce_loss_grad(float *loss, float *dlogits, const float *logits,
   }
 }
 
+static void ce_loss_grad_bf16(float *restrict loss, uint16_t *restrict dlogits,
+                              const float *restrict logits, const int32_t *restrict targets,
+                              const float *restrict row_max, const float *restrict row_sum, int N,
+                              int V, int vocab_first, float scale) {
+  ce_loss_grad(loss, NULL, logits, targets, row_max, row_sum, N, V, vocab_first, scale);
+  float tmp[BF16_CHUNK];
+  for (int n = 0; n < N; n++) { /* the gradient as ce_loss_grad makes it, BF16_CHUNK at a time */
+    const float *z = logits + (size_t)n * V;
+    float m = row_max[n], inv_sum = 1.0f / row_sum[n];
+    int64_t target = (int64_t)targets[n] - vocab_first;
+    for (int j0 = 0; j0 < V; j0 += BF16_CHUNK) {
+      int c = V - j0 < BF16_CHUNK ? V - j0 : BF16_CHUNK;
+      for (int j = 0; j < c; j++) tmp[j] = expf(z[j0 + j] - m) * inv_sum * scale;
+      if (target >= j0 && target < j0 + c) tmp[target - j0] -= scale;
+      to_bf16(dlogits + (size_t)n * V + j0, tmp, c);
+    }
+  }
+}
+
 /* ---- optimizer -------------------------------------------------------------------------- */
 
 /* param, grad, m, v (n). torch.optim.AdamW (single-tensor path), with g = grad · grad_scale:
@@ -765,6 +789,7 @@ static const ff_kernels cpu_kernels = {
     .rope_fwd = rope_fwd,
     .rope_bwd = rope_bwd,
     .rope_fwd_bf16 = rope_fwd_bf16,
+    .rope_bwd_bf16 = rope_bwd_bf16,
     .attention_fwd = attention_fwd,
     .attention_bwd = attention_bwd,
     .attention_fwd_bf16 = attention_fwd_bf16,
@@ -779,6 +804,7 @@ static const ff_kernels cpu_kernels = {
     .ce_row_max = ce_row_max,
     .ce_row_sum = ce_row_sum,
     .ce_loss_grad = ce_loss_grad,
+    .ce_loss_grad_bf16 = ce_loss_grad_bf16,
     .adamw = adamw,
     .sum_squares = sum_squares,
     .copy_rows = copy_rows,

@@ -523,12 +523,21 @@ static void rope(float *x, int B, int S, int H, int D, float theta, float sign) 
 static void rope_fwd(float *x, int B, int S, int H, int D, float theta) { rope(x, B, S, H, D, theta, 1.0f); }
 static void rope_bwd(float *dx, int B, int S, int H, int D, float theta) { rope(dx, B, S, H, D, theta, -1.0f); }
 
-static void rope_fwd_bf16(uint16_t *out, float *x, int B, int S, int H, int D, float theta) {
+static void rope_bf16(uint16_t *out, const float *x, int B, int S, int H, int D, float theta,
+                      float sign) {
   int64_t pairs = (int64_t)B * S * H * (D / 2);
   if (pairs <= 0) return;
   rope_out_kernel<<<ff_grid_for(pairs, THREADS), THREADS, 0, g.stream>>>(out, x, S, H, D, theta,
-                                                                          1.0f, pairs);
-  FF_CUDA_LAUNCHED("rope_fwd_bf16");
+                                                                          sign, pairs);
+  FF_CUDA_LAUNCHED("rope_bf16");
+}
+
+static void rope_fwd_bf16(uint16_t *out, float *x, int B, int S, int H, int D, float theta) {
+  rope_bf16(out, x, B, S, H, D, theta, 1.0f);
+}
+
+static void rope_bwd_bf16(uint16_t *out, float *dx, int B, int S, int H, int D, float theta) {
+  rope_bf16(out, dx, B, S, H, D, theta, -1.0f);
 }
 
 /* ---- elementwise ------------------------------------------------------------------------ */
@@ -587,6 +596,15 @@ static void ce_loss_grad(float *loss, float *dlogits, const float *logits, const
   FF_CUDA_LAUNCHED("ce_loss_grad");
 }
 
+static void ce_loss_grad_bf16(float *loss, uint16_t *dlogits, const float *logits,
+                              const int32_t *targets, const float *row_max, const float *row_sum,
+                              int N, int V, int vocab_first, float scale) {
+  if (N <= 0) return;
+  ce_loss_grad_kernel<<<N, THREADS, 0, g.stream>>>(loss, dlogits, logits, targets, row_max,
+                                                   row_sum, V, vocab_first, scale);
+  FF_CUDA_LAUNCHED("ce_loss_grad_bf16");
+}
+
 /* ---- optimizer -------------------------------------------------------------------------- */
 
 /* The same update as the CPU backend's, its step-dependent factors computed the same way. */
@@ -628,9 +646,10 @@ static const ff_kernels cuda_kernels = {
     cuda_sync, cuda_memory, cuda_op_seconds, matmul_fwd, matmul_bwd, matmul_fwd_bf16,
     matmul_bwd_bf16, matmul_fwd_bf16_rounded, matmul_bwd_bf16_acc, embedding_fwd, embedding_bwd,
     rmsnorm_fwd, rmsnorm_bwd, rmsnorm_fwd_bf16, rmsnorm_bwd_acc, rope_fwd, rope_bwd, rope_fwd_bf16,
-    attention_fwd, attention_bwd, attention_fwd_bf16, attention_bwd_bf16, swiglu_fwd, swiglu_bwd,
-    swiglu_fwd_bf16, swiglu_bwd_bf16, add, accumulate, scale, ce_row_max, ce_row_sum,
-    ce_loss_grad, adamw, sum_squares, cuda_copy_rows, to_bf16, from_bf16,
+    rope_bwd_bf16, attention_fwd, attention_bwd, attention_fwd_bf16, attention_bwd_bf16,
+    swiglu_fwd, swiglu_bwd, swiglu_fwd_bf16, swiglu_bwd_bf16, add, accumulate, scale, ce_row_max,
+    ce_row_sum, ce_loss_grad, ce_loss_grad_bf16, adamw, sum_squares, cuda_copy_rows, to_bf16,
+    from_bf16,
 };
 
 static bool setup_failed(cudaError_t err, const char *what, char *why, size_t why_cap) {

@@ -168,8 +168,10 @@ __global__ void ce_row_sum_kernel(float *row_sum, const float *logits, const flo
   if (threadIdx.x == 0) row_sum[blockIdx.x] = (float)s;
 }
 
-/* One row per block; dlogits may be logits, so the target's logit is read before any write. */
-__global__ void ce_loss_grad_kernel(float *loss, float *dlogits, const float *logits,
+/* One row per block; dlogits may be logits (fp32), so the target's logit is read before any
+ * write; T: dlogits' type (fp32 or bf16) */
+template <typename T>
+__global__ void ce_loss_grad_kernel(float *loss, T *dlogits, const float *logits,
                                     const int32_t *targets, const float *row_max,
                                     const float *row_sum, int V, int vocab_first, float scale) {
   int n = blockIdx.x;
@@ -180,10 +182,10 @@ __global__ void ce_loss_grad_kernel(float *loss, float *dlogits, const float *lo
   if (threadIdx.x == 0 && owned) loss[n] += logf(row_sum[n]) - (z[target] - m);
   if (!dlogits) return;
   __syncthreads();
-  float *dz = dlogits + (size_t)n * V;
+  T *dz = dlogits + (size_t)n * V;
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
     float d = expf(z[j] - m) * inv_sum * scale;
-    dz[j] = owned && j == target ? d - scale : d;
+    ff_store(&dz[j], owned && j == target ? d - scale : d);
   }
 }
 

@@ -390,6 +390,13 @@ static void check_rope(int B, int S, int H, int D) {
   cpu->from_bf16(vals.c, hc, n);
   gpu->from_bf16(vals.g, hg, n);
   check("rope_fwd_bf16", vals, 1e-2);
+  pair dx = make(n, 1);
+  cpu->rope_bwd_bf16(hc, dx.c, B, S, H, D, 10000.0f);
+  gpu->rope_bwd_bf16(hg, dx.g, B, S, H, D, 10000.0f);
+  cpu->from_bf16(vals.c, hc, n);
+  gpu->from_bf16(vals.g, hg, n);
+  check("rope_bwd_bf16", vals, 1e-2);
+  drop(dx);
   cpu->release(hc);
   gpu->release(hg);
   drop(x), drop(vals);
@@ -473,6 +480,18 @@ static void check_cross_entropy(int N, int V, int vocab_first) {
   cpu->ce_row_sum(sm.c, z.c, mx.c, N, V);
   gpu->ce_row_sum(sm.g, z.g, mx.g, N, V);
   check("ce_row_sum", sm, 1e-5);
+  /* the bf16 gradient first (the fp32 one below overwrites the logits): as values, to 1e-2 */
+  pair loss16 = make(N, 0.5), vals = output((int64_t)N * V);
+  uint16_t *hc = cpu->alloc((size_t)N * V * 2), *hg = gpu_halves((int64_t)N * V);
+  cpu->ce_loss_grad_bf16(loss16.c, hc, z.c, tg, mx.c, sm.c, N, V, vocab_first, 1.0f / N);
+  gpu->ce_loss_grad_bf16(loss16.g, hg, z.g, tg_g, mx.g, sm.g, N, V, vocab_first, 1.0f / N);
+  check("ce_loss_grad_bf16 loss +=", loss16, 1e-5);
+  cpu->from_bf16(vals.c, hc, (int64_t)N * V);
+  gpu->from_bf16(vals.g, hg, (int64_t)N * V);
+  check("ce_loss_grad_bf16 dlogits", vals, 1e-2);
+  cpu->release(hc);
+  gpu->release(hg);
+  drop(loss16), drop(vals);
   cpu->ce_loss_grad(loss.c, z.c, z.c, tg, mx.c, sm.c, N, V, vocab_first, 1.0f / N);
   gpu->ce_loss_grad(loss.g, z.g, z.g, tg_g, mx.g, sm.g, N, V, vocab_first, 1.0f / N);
   check("ce_loss_grad loss +=", loss, 1e-5);

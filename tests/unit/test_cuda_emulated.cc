@@ -319,6 +319,11 @@ static void check_rope(int B, int S, int H, int D) {
   launch_1d(pairs, [&] { rope_out_kernel(h.data(), x2.data(), S, H, D, 10000.0f, 1.0f, pairs); });
   check_rounds("rope_fwd_bf16", h, rot);
   check("rope_fwd_bf16 leaves its input", x2, keep, 0);
+  launch_1d(pairs, [&] { rope_kernel(rot.data(), S, H, D, 10000.0f, -1.0f, pairs); });
+  launch_1d(pairs, [&] { rope_out_kernel(h.data(), x2.data(), S, H, D, 10000.0f, -1.0f, pairs); });
+  std::vector<float> back = keep;
+  launch_1d(pairs, [&] { rope_kernel(back.data(), S, H, D, 10000.0f, -1.0f, pairs); });
+  check_rounds("rope_bwd_bf16", h, back);
 }
 
 static void check_elementwise(int64_t n) {
@@ -396,6 +401,22 @@ static void check_cross_entropy(int N, int V, int vocab_first) {
   snprintf(name, sizeof name, "cross-entropy N%d V%d from %d: dlogits (in place)", N, V,
            vocab_first);
   check(name, gdl, dl, 1e-5);
+  /* the bf16 gradient (ce_loss_grad_bf16): the fp32 one rounded, the loss the same */
+  std::vector<float> loss2 = random(N), loss3 = loss2;
+  std::vector<uint16_t> dl16 = nan_halves(logits.size());
+  std::vector<float> dlf = nans(logits.size());
+  launch(blocks(N), blocks(THREADS), 0, [&] {
+    ce_loss_grad_kernel(loss2.data(), dlf.data(), logits.data(), targets.data(), gmx.data(),
+                        gsm.data(), V, vocab_first, scale);
+  });
+  launch(blocks(N), blocks(THREADS), 0, [&] {
+    ce_loss_grad_kernel(loss3.data(), dl16.data(), logits.data(), targets.data(), gmx.data(),
+                        gsm.data(), V, vocab_first, scale);
+  });
+  snprintf(name, sizeof name, "cross-entropy N%d V%d from %d: bf16 dlogits", N, V, vocab_first);
+  check_rounds(name, dl16, dlf);
+  snprintf(name, sizeof name, "cross-entropy N%d V%d from %d: loss with bf16", N, V, vocab_first);
+  check(name, loss3, loss2, 0);
 }
 
 static void check_optimizer(int64_t n) {

@@ -314,8 +314,8 @@ static void bf16_writing_kernels_round_their_fp32_results(void **state) {
 }
 
 /* The bf16 attention forms compute what the fp32 forms compute on the bf16 values (the forward's
- * output rounded), and rope_fwd_bf16 writes rope_fwd's result rounded. */
-static void bf16_attention_and_rope_are_the_fp32_forms_on_bf16_values(void **state) {
+ * output rounded); the bf16 RoPE and cross-entropy forms write the fp32 forms' results rounded. */
+static void bf16_attention_rope_and_loss_are_the_fp32_forms_rounded(void **state) {
   (void)state;
   enum { B = 2, S = 9, HQ = 4, HKV = 2, D = 8, NQ = B * S * HQ * D, NK = B * S * HKV * D };
   double *unused[3];
@@ -343,6 +343,25 @@ static void bf16_attention_and_rope_are_the_fp32_forms_on_bf16_values(void **sta
   K->rope_fwd(rot, B, S, HQ, D, 10000.0f);
   K->rope_fwd_bf16(out16, x, B, S, HQ, D, 10000.0f);
   assert_rounds_of("rope_fwd_bf16", out16, rot, NQ);
+  float *dx = frandom(NQ, 1.0f, 66), *back = fcopy(dx, NQ);
+  K->rope_bwd(back, B, S, HQ, D, 10000.0f);
+  K->rope_bwd_bf16(out16, dx, B, S, HQ, D, 10000.0f);
+  assert_rounds_of("rope_bwd_bf16", out16, back, NQ);
+  free(dx), free(back);
+  /* ce_loss_grad_bf16: the same loss, and the gradient rounded (rows of 600: ragged chunks) */
+  enum { CN = 3, CV = 600 };
+  float *z = frandom(CN * CV, 4.0f, 67), *mx = fvec(CN), *sum = fvec(CN), *dz = fvec(CN * CV);
+  float *loss = fvec(CN), *loss16 = fvec(CN);
+  int32_t tgt[CN] = {5, 599, 1000}; /* the last one off this shard */
+  uint16_t *dz16 = calloc(CN * CV, sizeof *dz16);
+  assert_non_null(dz16);
+  K->ce_row_max(mx, z, CN, CV);
+  K->ce_row_sum(sum, z, mx, CN, CV);
+  K->ce_loss_grad(loss, dz, z, tgt, mx, sum, CN, CV, 0, 0.25f);
+  K->ce_loss_grad_bf16(loss16, dz16, z, tgt, mx, sum, CN, CV, 0, 0.25f);
+  assert_memory_equal(loss, loss16, CN * sizeof *loss);
+  assert_rounds_of("ce_loss_grad_bf16", dz16, dz, CN * CV);
+  free(z), free(mx), free(sum), free(dz), free(loss), free(loss16), free(dz16);
   for (int i = 0; i < 3; i++) free(unused[i]);
   for (int i = 0; i < 6; i++) free(g[i]);
   free(q), free(k), free(v), free(qf), free(kf), free(vf), free(out), free(lse), free(lse16);
@@ -1008,7 +1027,7 @@ int main(void) {
       cmocka_unit_test(matmul_bwd_with_null_dinp_only_accumulates_dw),
       cmocka_unit_test(bf16_matmuls_match_float64_on_the_bf16_values),
       cmocka_unit_test(bf16_writing_kernels_round_their_fp32_results),
-      cmocka_unit_test(bf16_attention_and_rope_are_the_fp32_forms_on_bf16_values),
+      cmocka_unit_test(bf16_attention_rope_and_loss_are_the_fp32_forms_rounded),
       cmocka_unit_test(embedding_fwd_copies_shard_rows_and_zeros_tokens_off_the_shard),
       cmocka_unit_test(embedding_bwd_adds_dout_to_shard_rows_and_ignores_tokens_off_the_shard),
       cmocka_unit_test(rmsnorm_fwd_scales_rows_by_reciprocal_rms_and_weight),

@@ -2,7 +2,10 @@
  * (kernels/cpu in C over BLAS, kernels/cuda in CUDA C), so the model code in executor/ never
  * knows which one runs. Every operation the Llama decoder needs has a forward and a backward.
  *
- * Conventions (all fp32 on the CPU backend; the CUDA backend keeps the same shapes):
+ * Conventions (the same on every backend):
+ *  - Tensors are fp32 (float), but where a parameter is uint16_t: a bf16 tensor, the bit
+ *    patterns to_bf16 makes. The _bf16 forms are what bf16 plans run: each computes in fp32 what
+ *    its fp32 form computes on the same values and rounds a bf16 output as to_bf16 rounds.
  *  - Activations are row-major (N, C): N = B·S tokens of a micro-batch, C channels.
  *  - Weights are (out, in) like torch.nn.Linear: y = x·Wᵀ.
  *  - Attention tensors are (B, S, H, D): token-major, then head, then head dimension.

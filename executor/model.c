@@ -493,8 +493,8 @@ static ff_layer_acts *layer_acts(ff_model_rank *mr, int slot, int64_t l, ff_laye
 static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_saved *sv, int64_t l,
                           int64_t b, float *x_out);
 
-/* The layer's activations for its backward: as saved (fp32), unpacked from bf16 into the work
- * set, or, under full recompute, its forward run again from its kept input into the work set.
+/* The layer's activations for its backward: as saved (fp32 or bf16, which the backward reads as
+ * it is), or, under full recompute, its forward run again from its kept input into the work set.
  * The recomputed values are the first forward's bit for bit: same kernels, same inputs, the
  * same bf16 rounding, and its tensor-parallel sums taken again by the whole group. */
 static ff_layer_acts *load_layer(ff_model_rank *mr, int slot, int64_t l, int64_t b,
@@ -509,15 +509,8 @@ static ff_layer_acts *load_layer(ff_model_rank *mr, int slot, int64_t l, int64_t
     if (sv)
       k->from_bf16(a->x_in, sv->x_in, NC);
     forward_layer(mr, a, sv, l, b, mr->work_out);
-    return a;
   }
-  if (!sv)
-    return a;
-  /* only the residual stream: every other kept tensor is read in bf16 (matmuls, attention,
-   * SwiGLU) */
-  k->from_bf16(a->x_in, sv->x_in, NC);
-  k->from_bf16(a->x_mid, sv->x_mid, NC);
-  return a;
+  return a; /* bf16 storage: the backward reads every kept tensor in bf16, as kept */
 }
 
 static void forward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_saved *sv, int64_t l,
@@ -615,7 +608,10 @@ static void backward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_s
     k->accumulate(dh, t, NC);
   }
   tp_sum(mr, dh, NC); /* column-parallel gate/up: the group sums the input gradient */
-  k->rmsnorm_bwd_acc(dx, g.mlp_norm, dh, a->x_mid, w.mlp_norm, a->rstd2, N, C); /* dx = d x_mid */
+  if (sv) /* dx = d x_mid, reading x_mid as kept, in bf16 */
+    k->rmsnorm_bwd_acc_bf16(dx, g.mlp_norm, dh, sv->x_mid, w.mlp_norm, a->rstd2, N, C);
+  else
+    k->rmsnorm_bwd_acc(dx, g.mlp_norm, dh, a->x_mid, w.mlp_norm, a->rstd2, N, C);
   /* x_mid = x_in + att·Woᵀ */
   int64_t nq = (int64_t)N * Hl * D, nk = (int64_t)N * Kl * D;
   float *datt = d1, *dq = d1 + nq, *dk = dq + nq, *dv = dk + nk;
@@ -646,7 +642,10 @@ static void backward_layer(ff_model_rank *mr, ff_layer_acts *a, const ff_layer_s
     k->accumulate(dh, t, NC);
   }
   tp_sum(mr, dh, NC); /* column-parallel q/k/v */
-  k->rmsnorm_bwd_acc(dx, g.attn_norm, dh, a->x_in, w.attn_norm, a->rstd1, N, C); /* dx = d x_in */
+  if (sv) /* dx = d x_in */
+    k->rmsnorm_bwd_acc_bf16(dx, g.attn_norm, dh, sv->x_in, w.attn_norm, a->rstd1, N, C);
+  else
+    k->rmsnorm_bwd_acc(dx, g.attn_norm, dh, a->x_in, w.attn_norm, a->rstd1, N, C);
 }
 
 /* Final norm, LM head and loss over a vocabulary shard; leaves d x_final in dx. */

@@ -100,6 +100,9 @@ typedef struct ff_kernels {
   /* rmsnorm_bwd adding its input gradient to dinp (+=): the residual stream's gradient */
   void (*rmsnorm_bwd_acc)(float *dinp, float *dw, const float *dout, const float *inp,
                           const float *w, const float *rstd, int N, int C);
+  /* the same reading inp in bf16: the residual stream as bf16 plans keep it */
+  void (*rmsnorm_bwd_acc_bf16)(float *dinp, float *dw, const float *dout, const uint16_t *inp,
+                               const float *w, const float *rstd, int N, int C);
 
   /* Rotary embedding in place on x(B, S, H, D), rotating pairs (2i, 2i+1) by angle
    * pos · theta^(-2i/D), pos = the token's index in its sequence. Backward rotates back. */

@@ -160,6 +160,7 @@ static float bf16_tile_a[BF16_TILE * BF16_TILE], bf16_tile_b[BF16_TILE * BF16_TI
 static float bf16_tile_c[BF16_TILE * BF16_TILE];
 
 static void to_bf16(uint16_t *restrict dst, const float *restrict src, int64_t n);
+static void from_bf16(float *restrict dst, const uint16_t *restrict src, int64_t n);
 
 /* rows × cols of src (row-major, ld) at (r0, c0) into tile (row-major, ld cols) */
 static void unpack_block(float *restrict tile, const uint16_t *restrict src, int64_t ld, int r0,
@@ -297,28 +298,52 @@ static void rmsnorm_fwd_bf16(uint16_t *restrict out, float *restrict rstd,
   }
 }
 
+/* Columns [at, at + m) of a row of inp: the fp32 row itself, or the bf16 row widened into tmp */
+static const float *row_chunk(const float *xf, const uint16_t *xh, int64_t at, int m,
+                              float *tmp) {
+  if (xf) return xf + at;
+  from_bf16(tmp, xh + at, m);
+  return tmp;
+}
+
+_Static_assert(BF16_CHUNK % CPU_LANES == 0, "chunks must keep the reduction's lanes in order");
+
 /* dout, inp, dinp (N, C), w, dw (C), rstd (N):
  * dinp = rstd · (dout∘w) − rstd³/C · inp · Σ(dout∘w∘inp) (overwritten, or added with `add`);
- * dw += Σ_n dout∘inp·rstd */
+ * dw += Σ_n dout∘inp·rstd. inp is fp32 (inp) or bf16 (inp16): a bf16 row is widened
+ * BF16_CHUNK values at a time, which keeps the reduction's order, so both give the same bits on
+ * the same values. */
 static void rmsnorm_backward(float *restrict dinp, float *restrict dw, const float *restrict dout,
-                             const float *restrict inp, const float *restrict w,
+                             const float *inp, const uint16_t *inp16, const float *restrict w,
                              const float *restrict rstd, int N, int C, bool add) {
+  float tmp[BF16_CHUNK];
   for (int n = 0; n < N; n++) {
-    const float *x = inp + (size_t)n * C;
-    const float *dy = dout + (size_t)n * C;
-    float *dx = dinp + (size_t)n * C;
+    int64_t row = (int64_t)n * C;
+    const float *dy = dout + row;
+    float *dx = dinp + row;
     float r = rstd[n];
-    float lane[CPU_LANES] = {0}, dyw_x = 0.0f;
-    int c = 0;
-    for (; c + CPU_LANES <= C; c += CPU_LANES)
-      for (int l = 0; l < CPU_LANES; l++) lane[l] += dy[c + l] * w[c + l] * x[c + l];
+    float lane[CPU_LANES] = {0}, tail[CPU_LANES];
+    int tails = 0;
+    for (int c0 = 0; c0 < C; c0 += BF16_CHUNK) {
+      int m = C - c0 < BF16_CHUNK ? C - c0 : BF16_CHUNK, c = 0;
+      const float *x = row_chunk(inp ? inp + row : NULL, inp16 ? inp16 + row : NULL, c0, m, tmp);
+      for (; c + CPU_LANES <= m; c += CPU_LANES)
+        for (int l = 0; l < CPU_LANES; l++)
+          lane[l] += dy[c0 + c + l] * w[c0 + c + l] * x[c + l];
+      for (; c < m; c++) tail[tails++] = dy[c0 + c] * w[c0 + c] * x[c]; /* the last chunk's */
+    }
+    float dyw_x = 0.0f;
     for (int l = 0; l < CPU_LANES; l++) dyw_x += lane[l];
-    for (; c < C; c++) dyw_x += dy[c] * w[c] * x[c];
+    for (int t = 0; t < tails; t++) dyw_x += tail[t];
     float k = r * r * r * dyw_x / (float)C;
-    for (c = 0; c < C; c++) {
-      float g = r * dy[c] * w[c] - k * x[c];
-      dx[c] = add ? dx[c] + g : g;
-      dw[c] += dy[c] * x[c] * r;
+    for (int c0 = 0; c0 < C; c0 += BF16_CHUNK) {
+      int m = C - c0 < BF16_CHUNK ? C - c0 : BF16_CHUNK;
+      const float *x = row_chunk(inp ? inp + row : NULL, inp16 ? inp16 + row : NULL, c0, m, tmp);
+      for (int c = 0; c < m; c++) {
+        float g = r * dy[c0 + c] * w[c0 + c] - k * x[c];
+        dx[c0 + c] = add ? dx[c0 + c] + g : g;
+        dw[c0 + c] += dy[c0 + c] * x[c] * r;
+      }
     }
   }
 }
@@ -326,13 +351,20 @@ static void rmsnorm_backward(float *restrict dinp, float *restrict dw, const flo
 static void rmsnorm_bwd(float *restrict dinp, float *restrict dw, const float *restrict dout,
                         const float *restrict inp, const float *restrict w,
                         const float *restrict rstd, int N, int C) {
-  rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, false);
+  rmsnorm_backward(dinp, dw, dout, inp, NULL, w, rstd, N, C, false);
 }
 
 static void rmsnorm_bwd_acc(float *restrict dinp, float *restrict dw, const float *restrict dout,
                             const float *restrict inp, const float *restrict w,
                             const float *restrict rstd, int N, int C) {
-  rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, true);
+  rmsnorm_backward(dinp, dw, dout, inp, NULL, w, rstd, N, C, true);
+}
+
+static void rmsnorm_bwd_acc_bf16(float *restrict dinp, float *restrict dw,
+                                 const float *restrict dout, const uint16_t *restrict inp,
+                                 const float *restrict w, const float *restrict rstd, int N,
+                                 int C) {
+  rmsnorm_backward(dinp, dw, dout, NULL, inp, w, rstd, N, C, true);
 }
 
 /* ---- RoPE ------------------------------------------------------------------------------- */
@@ -511,8 +543,6 @@ static void swiglu_bwd(float *restrict dgate, float *restrict dup, const float *
     dgate[i] = dout[i] * up[i] * sg * (1.0f + g * (1.0f - sg));
   }
 }
-
-static void from_bf16(float *restrict dst, const uint16_t *restrict src, int64_t n);
 
 static void swiglu_fwd_bf16(uint16_t *restrict out, const uint16_t *restrict gate,
                             const uint16_t *restrict up, int64_t n) {
@@ -786,6 +816,7 @@ static const ff_kernels cpu_kernels = {
     .rmsnorm_bwd = rmsnorm_bwd,
     .rmsnorm_fwd_bf16 = rmsnorm_fwd_bf16,
     .rmsnorm_bwd_acc = rmsnorm_bwd_acc,
+    .rmsnorm_bwd_acc_bf16 = rmsnorm_bwd_acc_bf16,
     .rope_fwd = rope_fwd,
     .rope_bwd = rope_bwd,
     .rope_fwd_bf16 = rope_fwd_bf16,

@@ -486,8 +486,9 @@ static void rmsnorm_fwd_bf16(uint16_t *out, float *rstd, const float *inp, const
   FF_CUDA_LAUNCHED("rmsnorm_fwd_bf16");
 }
 
-/* add: dinp += instead of = */
-static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+/* add: dinp += instead of =; TI: inp's type */
+template <typename TI>
+static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const TI *inp,
                              const float *w, const float *rstd, int N, int C, bool add) {
   if (N <= 0 || C <= 0) return;
   if (add)
@@ -508,6 +509,11 @@ static void rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *
 
 static void rmsnorm_bwd_acc(float *dinp, float *dw, const float *dout, const float *inp,
                             const float *w, const float *rstd, int N, int C) {
+  rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, true);
+}
+
+static void rmsnorm_bwd_acc_bf16(float *dinp, float *dw, const float *dout, const uint16_t *inp,
+                                 const float *w, const float *rstd, int N, int C) {
   rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, true);
 }
 
@@ -645,7 +651,8 @@ static const ff_kernels cuda_kernels = {
     cuda_alloc, cuda_release, cuda_zero, cuda_copy, cuda_copy, cuda_alloc_host, cuda_release_host,
     cuda_sync, cuda_memory, cuda_op_seconds, matmul_fwd, matmul_bwd, matmul_fwd_bf16,
     matmul_bwd_bf16, matmul_fwd_bf16_rounded, matmul_bwd_bf16_acc, embedding_fwd, embedding_bwd,
-    rmsnorm_fwd, rmsnorm_bwd, rmsnorm_fwd_bf16, rmsnorm_bwd_acc, rope_fwd, rope_bwd, rope_fwd_bf16,
+    rmsnorm_fwd, rmsnorm_bwd, rmsnorm_fwd_bf16, rmsnorm_bwd_acc,
+    rmsnorm_bwd_acc_bf16, rope_fwd, rope_bwd, rope_fwd_bf16,
     rope_bwd_bf16, attention_fwd, attention_bwd, attention_fwd_bf16, attention_bwd_bf16,
     swiglu_fwd, swiglu_bwd, swiglu_fwd_bf16, swiglu_bwd_bf16, add, accumulate, scale, ce_row_max,
     ce_row_sum, ce_loss_grad, ce_loss_grad_bf16, adamw, sum_squares, cuda_copy_rows, to_bf16,

@@ -56,32 +56,34 @@ __global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const float *inp, const 
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
-/* dinp = rstd · (dout∘w) − rstd³/C · inp · Σ(dout∘w∘inp), one row per block */
-/* ADD: dinp += instead of = */
-template <bool ADD = false>
-__global__ void rmsnorm_bwd_inp_kernel(float *dinp, const float *dout, const float *inp,
+/* dinp = rstd · (dout∘w) − rstd³/C · inp · Σ(dout∘w∘inp), one row per block; ADD: dinp +=
+ * instead of =; TI: inp's type (fp32, or bf16: the residual stream as bf16 plans keep it) */
+template <bool ADD = false, typename TI = float>
+__global__ void rmsnorm_bwd_inp_kernel(float *dinp, const float *dout, const TI *inp,
                                        const float *w, const float *rstd, int C) {
   size_t row = (size_t)blockIdx.x * C;
-  const float *x = inp + row, *dy = dout + row;
+  const TI *x = inp + row;
+  const float *dy = dout + row;
   float s = 0.0f;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) s += dy[c] * w[c] * x[c];
+  for (int c = threadIdx.x; c < C; c += blockDim.x) s += dy[c] * w[c] * ff_load(&x[c]);
   s = ff_block_reduce(s, ff_op_sum(), 0.0f);
   float r = rstd[blockIdx.x], k = r * r * r * s / (float)C;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float g = r * dy[c] * w[c] - k * x[c];
+    float g = r * dy[c] * w[c] - k * ff_load(&x[c]);
     dinp[row + c] = ADD ? dinp[row + c] + g : g;
   }
 }
 
 /* dw(C) += Σ_n dout∘inp·rstd: block (32 columns × 8 row lanes), the 8 partials summed in order */
-__global__ void rmsnorm_bwd_w_kernel(float *dw, const float *dout, const float *inp,
+template <typename TI = float>
+__global__ void rmsnorm_bwd_w_kernel(float *dw, const float *dout, const TI *inp,
                                      const float *rstd, int N, int C) {
   __shared__ float part[RMS_W_ROWS][FF_WARP];
   int c = blockIdx.x * FF_WARP + threadIdx.x;
   float s = 0.0f;
   if (c < C)
     for (int n = threadIdx.y; n < N; n += RMS_W_ROWS)
-      s += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n];
+      s += dout[(size_t)n * C + c] * ff_load(&inp[(size_t)n * C + c]) * rstd[n];
   part[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {

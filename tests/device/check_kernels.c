@@ -370,6 +370,14 @@ static void check_rmsnorm(int N, int C) {
   cpu->rmsnorm_bwd_acc(dx.c, dw.c, dy.c, x.c, w.c, r.c, N, C); /* dinp += onto the first's */
   gpu->rmsnorm_bwd_acc(dx.g, dw.g, dy.g, x.g, w.g, r.g, N, C);
   check("rmsnorm_bwd_acc dinp +=", dx, 1e-5);
+  /* on a bf16 input: both sides read the same bf16 values */
+  uint16_t *xg, *xc = halves(x, &xg);
+  cpu->rmsnorm_bwd_acc_bf16(dx.c, dw.c, dy.c, xc, w.c, r.c, N, C);
+  gpu->rmsnorm_bwd_acc_bf16(dx.g, dw.g, dy.g, xg, w.g, r.g, N, C);
+  check("rmsnorm_bwd_acc_bf16 dinp +=", dx, 1e-5);
+  check("rmsnorm_bwd_acc_bf16 dw +=", dw, 1e-5);
+  cpu->release(xc);
+  gpu->release(xg);
   drop(x), drop(w), drop(y), drop(r), drop(dy), drop(dx), drop(dw);
 }
 

@@ -299,6 +299,28 @@ static void check_rmsnorm(int N, int C) {
   for (size_t i = 0; i < want2.size(); i++) want2[i] = gdx[i] + gdx[i];
   snprintf(name, sizeof name, "rmsnorm_bwd N%d C%d: dinp added", N, C);
   check(name, twice, want2, 0);
+  /* on a bf16 input (rmsnorm_bwd_acc_bf16): the fp32 kernels on the widened values */
+  std::vector<uint16_t> x16(x.size());
+  std::vector<float> xw(x.size());
+  cpu->to_bf16(x16.data(), x.data(), (int64_t)x.size());
+  cpu->from_bf16(xw.data(), x16.data(), (int64_t)x.size());
+  std::vector<float> a32 = dout, a16 = dout, w32 = random(C), w16 = w32;
+  launch(blocks(N), blocks(THREADS), 0, [&] {
+    rmsnorm_bwd_inp_kernel<true>(a32.data(), dout.data(), xw.data(), w.data(), rstd.data(), C);
+  });
+  launch(blocks(N), blocks(THREADS), 0, [&] {
+    rmsnorm_bwd_inp_kernel<true>(a16.data(), dout.data(), x16.data(), w.data(), rstd.data(), C);
+  });
+  launch(blocks((unsigned)((C + FF_WARP - 1) / FF_WARP)), blocks(FF_WARP, RMS_W_ROWS), 0, [&] {
+    rmsnorm_bwd_w_kernel(w32.data(), dout.data(), xw.data(), rstd.data(), N, C);
+  });
+  launch(blocks((unsigned)((C + FF_WARP - 1) / FF_WARP)), blocks(FF_WARP, RMS_W_ROWS), 0, [&] {
+    rmsnorm_bwd_w_kernel(w16.data(), dout.data(), x16.data(), rstd.data(), N, C);
+  });
+  snprintf(name, sizeof name, "rmsnorm_bwd N%d C%d: bf16 input, dinp", N, C);
+  check(name, a16, a32, 0);
+  snprintf(name, sizeof name, "rmsnorm_bwd N%d C%d: bf16 input, dw", N, C);
+  check(name, w16, w32, 0);
   snprintf(name, sizeof name, "rmsnorm_bwd N%d C%d: dw", N, C);
   check(name, gdw, dw, 1e-5);
 }

@@ -465,6 +465,22 @@ static void rmsnorm_bwd_matches_finite_differences_and_accumulates_dw(void **sta
   K->rmsnorm_bwd_acc(twice, dw, dout, inp, w, rstd, RN_N, RN_C);
   for (int i = 0; i < RN_N * RN_C; i++) assert_true(twice[i] == dinp[i] + dinp[i]);
   free(twice);
+  /* the bf16-input form: the fp32 form on the widened values, bit for bit (rows of 603, past
+   * the CPU's chunk of 256 and not a multiple of its lanes) */
+  enum { WN = 3, WC = 603 };
+  double *unused;
+  uint16_t *x16 = bf16_random(WN * WC, 75, &unused);
+  float *xw = fvec(WN * WC), *ww = frandom(WC, 1.0f, 76), *dy = frandom(WN * WC, 1.0f, 77);
+  float *rs = fvec(WN), *o = fvec(WN * WC), *d1 = ffill(WN * WC, 0.5f), *d2 = ffill(WN * WC, 0.5f);
+  float *g1 = fvec(WC), *g2 = fvec(WC);
+  K->from_bf16(xw, x16, WN * WC);
+  K->rmsnorm_fwd(o, rs, xw, ww, WN, WC, RN_EPS);
+  K->rmsnorm_bwd_acc(d1, g1, dy, xw, ww, rs, WN, WC);
+  K->rmsnorm_bwd_acc_bf16(d2, g2, dy, x16, ww, rs, WN, WC);
+  assert_memory_equal(d1, d2, WN * WC * sizeof *d1);
+  assert_memory_equal(g1, g2, WC * sizeof *g1);
+  free(unused), free(x16), free(xw), free(ww), free(dy), free(rs), free(o), free(d1), free(d2);
+  free(g1), free(g2);
   free(inp), free(w), free(dout), free(dw), free(out), free(rstd), free(dinp), free(p);
   free(want_dinp), free(want_dw);
 }

@@ -99,9 +99,10 @@ double ff_mem_stage_buffer_bytes(const ff_model *m, ff_shard sh, double b, ff_pr
   double n = b * (double)m->seq_len, h = (double)m->hidden, d = (double)(m->hidden / m->heads);
   bool bf16 = prec == FF_PRECISION_BF16 && has_layers, full = rc == FF_RECOMPUTE_FULL && has_layers;
   double floats = 0.0, halves = 0.0;
-  if (bf16) /* the work set and its output */
-    floats += n * (layer_values(m, sh) + h);
-  else if (full) /* the same with statistics of its own and no x_in (each layer keeps its input) */
+  double q = sh.heads * d, k = sh.kv_heads * d;
+  if (bf16) /* the fp32 part of a bf16 layer (x_in, x_mid; q, k, v, att) and its output */
+    floats += n * (3.0 * h + 2.0 * q + 2.0 * k);
+  else if (full) /* the whole layer, statistics of its own and no x_in (each layer keeps its own) */
     floats += n * (layer_values(m, sh) + layer_stats(sh));
   if (bf16 && full) { /* the set every layer but its x_in shares */
     halves += n * (layer_values(m, sh) - h);
@@ -109,7 +110,7 @@ double ff_mem_stage_buffer_bytes(const ff_model *m, ff_shard sh, double b, ff_pr
   }
   floats += in_flight * n * (2.0 * h + 1.0); /* output, its gradient, tokens */
   floats += n * (h + 5.0);                   /* final norm rows, its 1/rms, softmax rows, targets */
-  double q = sh.heads * d, k = sh.kv_heads * d, wide = sh.ffn > q ? sh.ffn : q;
+  double wide = sh.ffn > q ? sh.ffn : q;
   double a = h;
   if (3.0 * wide > a)
     a = 3.0 * wide;

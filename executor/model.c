@@ -192,6 +192,23 @@ static void carve_layer(ff_layer_acts *a, float **at, dims d, bool stats, bool x
   a->act = carve(at, d.N * d.Fl);
 }
 
+/* The fp32 work set of a bf16 layer: the residual stream (x_in, x_mid), and q, k, v, att, which
+ * hold q and k before RoPE and are the room attention may compute in; every other tensor the
+ * layer keeps its kernels write in bf16, and the row statistics point at the saved ones. */
+static int64_t bf16_work_floats(dims d) {
+  return d.N * d.C * 2 + d.N * d.Hl * d.D * 2 + d.N * d.Kl * d.D * 2;
+}
+
+static void carve_bf16_work(ff_layer_acts *a, float **at, dims d) {
+  memset(a, 0, sizeof *a);
+  a->x_in = carve(at, d.N * d.C);
+  a->q = carve(at, d.N * d.Hl * d.D); /* q, k, v, att contiguous: attention's room */
+  a->k = carve(at, d.N * d.Kl * d.D);
+  a->v = carve(at, d.N * d.Kl * d.D);
+  a->att = carve(at, d.N * d.Hl * d.D);
+  a->x_mid = carve(at, d.N * d.C);
+}
+
 /* bf16 values a layer saves (everything but the row statistics), and the fp32 ones. */
 static int64_t layer_saved_halves(dims d) {
   return d.N * d.C * 4 + d.N * d.Hl * d.D * 2 + d.N * d.Kl * d.D * 2 + d.N * d.Fl * 3;
@@ -287,9 +304,9 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   mr->recompute_full = full;
   /* Saved per layer and micro-batch: every activation the backward reads, in fp32 or bf16 (row
    * statistics fp32); with full recompute only the layer's input, the rest recomputed from it in
-   * the one work set. A work set (with its output) exists under bf16 storage or full recompute;
-   * it carves its own statistics only under fp32 full recompute (bf16 points them at saved),
-   * and no x_in then (each layer keeps its own). */
+   * the one work set. A work set (with its output) exists under bf16 storage (the fp32 part of
+   * a bf16 layer: carve_bf16_work) or fp32 full recompute (the whole layer with statistics of
+   * its own, but no x_in: each layer keeps its own). */
   bool work = bf16 || full, work_stats = full && !bf16;
   int64_t kept_floats = bf16   ? (full ? layer_saved_floats(d) : held * layer_saved_floats(d))
                         : full ? held * d.N * d.C
@@ -297,11 +314,8 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   int64_t kept_halves = !bf16 ? 0
                         : full ? held * d.N * d.C + layer_saved_halves(d) - d.N * d.C
                                : held * layer_saved_halves(d);
-  /* the work set and its output, less its x_in (fp32 full: each layer keeps its own) or its
-   * statistics (bf16: the saved ones) */
-  int64_t work_floats =
-      work ? layer_acts_floats(d) + d.N * d.C - (work_stats ? d.N * d.C : layer_saved_floats(d))
-           : 0;
+  /* the work set and its output (fp32 full: the layer less its x_in, plus the output) */
+  int64_t work_floats = !work ? 0 : bf16 ? bf16_work_floats(d) + d.N * d.C : layer_acts_floats(d);
   int64_t total = kept_floats + work_floats + slots * d.N * d.C * 2 + d.N * d.C + d.N * 4 +
                   (spec->lm_head ? d.N * d.Vl : 0) + scratch_a_floats(d) + d.N * d.C * 2;
   mr->acts_block = k->alloc((size_t)total * sizeof(float));
@@ -345,7 +359,10 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
       carve_saved(&mr->saved[i], &half, &at, d, true);
   }
   if (work) {
-    carve_layer(&mr->work, &at, d, work_stats, !work_stats);
+    if (bf16)
+      carve_bf16_work(&mr->work, &at, d);
+    else
+      carve_layer(&mr->work, &at, d, work_stats, !work_stats);
     mr->work_out = carve(&at, d.N * d.C);
   }
   if (!bf16)

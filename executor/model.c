@@ -676,10 +676,11 @@ static void head_forward_backward(ff_model_rank *mr, const float *x_final, int64
   float *norm_g = tensor_at(mr, "final_norm", mr->grads);
   const char *head = m->tied_embeddings ? "embed" : "lm_head";
   float *head_w = tensor_at(mr, head, mr->params), *head_g = tensor_at(mr, head, mr->grads);
-  k->rmsnorm_fwd(mr->h_final, mr->rstd_final, x_final, norm_w, N, C, (float)m->norm_eps);
   uint16_t *h16 = mr->head_half; /* bf16 plans: the LM head on bf16 operands too */
   if (h16)
-    k->to_bf16(h16, mr->h_final, (int64_t)N * C);
+    k->rmsnorm_fwd_bf16(h16, mr->rstd_final, x_final, norm_w, N, C, (float)m->norm_eps);
+  else
+    k->rmsnorm_fwd(mr->h_final, mr->rstd_final, x_final, norm_w, N, C, (float)m->norm_eps);
   mm_fwd(mr, mr->logits, mr->h_final, h16, head_w, N, C, V);
   k->ce_row_max(mr->row_max, mr->logits, N, V);
   tp_max(mr, mr->row_max, N);

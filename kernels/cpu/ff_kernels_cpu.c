@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ff_attention_widened.h"
 #include "ff_kernels.h"
 
 /* Declared here too: the netlib cblas.h lacks it, OpenBLAS's declares the same prototype. */
@@ -759,34 +760,23 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
                                                      Hq, Hkv, D, q_first, kv_first, group));
 }
 
-/* q, k, v widened to fp32 at the start of the work room, in that order */
-static void widen_qkv(float *work, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                      int64_t nq, int64_t nk) {
-  from_bf16(work, q, nq);
-  from_bf16(work + nq, k, nk);
-  from_bf16(work + nq + nk, v, nk);
-}
+/* The bf16 forms compute from widened copies in the caller's work room (ff_attention_widened.c),
+ * through this table. */
+static const ff_kernels cpu_kernels;
 
-/* The bf16 forms compute from fp32 copies of q, k, v (and out) in the caller's work room. */
 static void attention_fwd_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
                                const uint16_t *v, int B, int S, int Hq, int Hkv, int D,
                                int q_first, int kv_first, int group, float *work) {
-  int64_t nq = (int64_t)B * S * Hq * D, nk = (int64_t)B * S * Hkv * D;
-  float *wq = work, *wk = wq + nq, *wv = wk + nk, *wo = wv + nk;
-  widen_qkv(work, q, k, v, nq, nk);
-  attention_fwd(wo, lse, wq, wk, wv, B, S, Hq, Hkv, D, q_first, kv_first, group);
-  to_bf16(out, wo, nq);
+  ff_attention_fwd_widened(&cpu_kernels, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first,
+                           group, work);
 }
 
 static void attention_bwd_bf16(float *dq, float *dk, float *dv, const float *dout,
                                const uint16_t *out, const float *lse, const uint16_t *q,
                                const uint16_t *k, const uint16_t *v, int B, int S, int Hq,
                                int Hkv, int D, int q_first, int kv_first, int group, float *work) {
-  int64_t nq = (int64_t)B * S * Hq * D, nk = (int64_t)B * S * Hkv * D;
-  float *wq = work, *wk = wq + nq, *wv = wk + nk, *wo = wv + nk;
-  widen_qkv(work, q, k, v, nq, nk);
-  from_bf16(wo, out, nq);
-  attention_bwd(dq, dk, dv, dout, wo, lse, wq, wk, wv, B, S, Hq, Hkv, D, q_first, kv_first, group);
+  ff_attention_bwd_widened(&cpu_kernels, dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D,
+                           q_first, kv_first, group, work);
 }
 
 /* ---- the table -------------------------------------------------------------------------- */

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../ff_attention_widened.h"
 #include "../ff_kernels.h"
 #include "ff_attention.h"
 #include "ff_cuda_common.cuh"
@@ -403,54 +404,16 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
   op_end(t);
 }
 
-static void to_bf16(uint16_t *dst, const float *src, int64_t n);
-static void from_bf16(float *dst, const uint16_t *src, int64_t n);
-
-/* q, k, v widened to fp32 at the start of the work room, in that order */
-static void widen_qkv(float *work, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                      int64_t nq, int64_t nk) {
-  from_bf16(work, q, nq);
-  from_bf16(work + nq, k, nk);
-  from_bf16(work + nq + nk, v, nk);
-}
-
 /* On bf16 q, k, v (and out): the tensor-core kernels read them as they are; the other two
- * attentions compute from fp32 copies in the caller's work room. */
+ * attentions compute from widened copies in the caller's work room (ff_attention_widened.c),
+ * through the table below (so these two are defined after it). */
 static void attention_fwd_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
                                const uint16_t *v, int B, int S, int Hq, int Hkv, int D,
-                               int q_first, int kv_first, int group, float *work) {
-  if (tensor_attention(D, Hq)) {
-    ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
-    int t = op_begin(OP_ATTENTION);
-    ff_cuda_attention_tc_fwd_bf16(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
-    op_end(t);
-    return;
-  }
-  int64_t nq = (int64_t)B * S * Hq * D, nk = (int64_t)B * S * Hkv * D;
-  float *wq = work, *wk = wq + nq, *wv = wk + nk, *wo = wv + nk;
-  widen_qkv(work, q, k, v, nq, nk);
-  attention_fwd(wo, lse, wq, wk, wv, B, S, Hq, Hkv, D, q_first, kv_first, group);
-  to_bf16(out, wo, nq);
-}
-
+                               int q_first, int kv_first, int group, float *work);
 static void attention_bwd_bf16(float *dq, float *dk, float *dv, const float *dout,
                                const uint16_t *out, const float *lse, const uint16_t *q,
                                const uint16_t *k, const uint16_t *v, int B, int S, int Hq,
-                               int Hkv, int D, int q_first, int kv_first, int group, float *work) {
-  if (tensor_attention(D, Hq)) {
-    ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
-    int t = op_begin(OP_ATTENTION);
-    ff_cuda_attention_tc_bwd_bf16(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first,
-                                  kv_first, group);
-    op_end(t);
-    return;
-  }
-  int64_t nq = (int64_t)B * S * Hq * D, nk = (int64_t)B * S * Hkv * D;
-  float *wq = work, *wk = wq + nq, *wv = wk + nk, *wo = wv + nk;
-  widen_qkv(work, q, k, v, nq, nk);
-  from_bf16(wo, out, nq);
-  attention_bwd(dq, dk, dv, dout, wo, lse, wq, wk, wv, B, S, Hq, Hkv, D, q_first, kv_first, group);
-}
+                               int Hkv, int D, int q_first, int kv_first, int group, float *work);
 
 /* ---- embedding -------------------------------------------------------------------------- */
 
@@ -658,6 +621,36 @@ static const ff_kernels cuda_kernels = {
     ce_row_sum, ce_loss_grad, ce_loss_grad_bf16, adamw, sum_squares, cuda_copy_rows, to_bf16,
     from_bf16,
 };
+
+static void attention_fwd_bf16(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
+                               const uint16_t *v, int B, int S, int Hq, int Hkv, int D,
+                               int q_first, int kv_first, int group, float *work) {
+  if (!tensor_attention(D, Hq)) {
+    ff_attention_fwd_widened(&cuda_kernels, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first,
+                             kv_first, group, work);
+    return;
+  }
+  ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
+  int t = op_begin(OP_ATTENTION);
+  ff_cuda_attention_tc_fwd_bf16(out, lse, q, k, v, B, S, Hq, Hkv, D, q_first, kv_first, group);
+  op_end(t);
+}
+
+static void attention_bwd_bf16(float *dq, float *dk, float *dv, const float *dout,
+                               const uint16_t *out, const float *lse, const uint16_t *q,
+                               const uint16_t *k, const uint16_t *v, int B, int S, int Hq,
+                               int Hkv, int D, int q_first, int kv_first, int group, float *work) {
+  if (!tensor_attention(D, Hq)) {
+    ff_attention_bwd_widened(&cuda_kernels, dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv,
+                             D, q_first, kv_first, group, work);
+    return;
+  }
+  ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
+  int t = op_begin(OP_ATTENTION);
+  ff_cuda_attention_tc_bwd_bf16(dq, dk, dv, dout, out, lse, q, k, v, B, S, Hq, Hkv, D, q_first,
+                                kv_first, group);
+  op_end(t);
+}
 
 static bool setup_failed(cudaError_t err, const char *what, char *why, size_t why_cap) {
   if (err == cudaSuccess) return false;

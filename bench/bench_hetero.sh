@@ -26,6 +26,8 @@ steps=${FF_HETERO_STEPS:-30}
 rounds=${FF_HETERO_ROUNDS:-5}
 throttle=${FF_HETERO_THROTTLE:-0=4,1=4,2=12,3=12}
 
+ranks() { grep -c '"rank":' "$1"; } # a plan's ranks: the planner may leave slow GPUs idle
+
 echo "== 1. profile: mpirun -np 4 ffrun profile --throttle $throttle"
 mpirun -np 4 "$ffrun" profile -o "$out/cluster.json" --model "$model" --throttle $throttle
 "$ffplan" validate "$out/cluster.json"
@@ -35,14 +37,14 @@ echo "== 2. plan: ffplan plan, and --baseline uniform"
   --baseline uniform -o "$out/uniform.json"
 "$ffplan" show "$out/ffplan.json" | sed -n '/^pipeline/,$p'
 echo "== 3. calibrate on one run of ffplan's plan"
-mpirun -np 4 "$ffrun" "$out/ffplan.json" --text LICENSE --steps 20 --quiet --metrics "$out/calibration.jsonl"
+mpirun -np "$(ranks "$out/ffplan.json")" "$ffrun" "$out/ffplan.json" --text LICENSE --steps 20 --quiet --metrics "$out/calibration.jsonl"
 "$ffplan" calibrate --plan "$out/ffplan.json" --metrics "$out/calibration.jsonl" \
   --cluster "$out/cluster.json" -o "$out/calibrated.json" | sed -n '1,/^term/p' | sed '$d'
 echo "== 4. train both plans, alternating, $steps steps each, $rounds rounds"
 for round in $(seq "$rounds"); do
   for plan in ffplan uniform; do
-    mpirun -np 4 "$ffrun" "$out/$plan.json" --text LICENSE --steps "$steps" --quiet \
-      --metrics "$out/$plan-$round.jsonl"
+    mpirun -np "$(ranks "$out/$plan.json")" "$ffrun" "$out/$plan.json" --text LICENSE \
+      --steps "$steps" --quiet --metrics "$out/$plan-$round.jsonl"
   done
 done
 for plan in ffplan uniform; do

@@ -18,17 +18,26 @@
 #   5. `ffrun profile` on the GPU, a plan on that profile, one run of it, `ffplan calibrate`;
 # and prints a summary table last (also written to $OUT/summary.md when OUT is set).
 # Exit status: the number of failed parts (0 = all passed).
+#
+# FF_DEVICE_REHEARSAL=BUILD_DIR rehearses the script where no GPU answers (the test
+# `device-script` does, in CI): the binaries of that existing build, the CPU backend standing in
+# for CUDA, check_kernels' self-check once, the tiny model in place of the 1B one, and no NCCL
+# part. It checks the script's own plumbing (plans, metrics, the summary), not the GPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 t0=$(date +%s)
-out=${OUT:-build-device/out}
+rehearsal=${FF_DEVICE_REHEARSAL:-}
+bdir=${rehearsal:-build-device}
+backend=cuda bench_model=tests/device/llama-1b.json
+[ -n "$rehearsal" ] && backend=cpu bench_model=profiles/models/tiny.json
+out=${OUT:-$bdir/out}
 mkdir -p "$out"
 rows=()
 failed=0
 say() { echo "[device $(($(date +%s) - t0)) s] $*" >&2; }
 row() { # part, result, detail
   rows+=("| $1 | $2 | $3 |")
-  [ "$2" = pass ] || [ "$2" = measured ] || failed=$((failed + 1))
+  [ "$2" = pass ] || [ "$2" = measured ] || [ "$2" = skipped ] || failed=$((failed + 1))
 }
 
 # ---- 0. what the machine lacks comes from the carried packages, unpacked into a prefix -------
@@ -49,28 +58,39 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 say "configure and build (CUDA enabled)"
-if ! { [ -d build-device/meson-info ] || meson setup build-device -Dcuda=enabled \
-         -Dbuildtype=release >"$out/build.log" 2>&1; } ||
-   ! ninja -C build-device >>"$out/build.log" 2>&1; then
+if [ -n "$rehearsal" ]; then
+  [ -x "$bdir/executor/ffrun" ] || { echo "run.sh: no build in $bdir" >&2; exit 2; }
+  row build skipped "rehearsal: the binaries of $bdir, the CPU backend for CUDA"
+elif ! { [ -d build-device/meson-info ] || meson setup build-device -Dcuda=enabled \
+           -Dbuildtype=release >"$out/build.log" 2>&1; } ||
+     ! ninja -C build-device >>"$out/build.log" 2>&1; then
   tail -30 "$out/build.log"
   row build FAIL "see build.log"
   printf '%s\n' "| part | result | detail |" "|---|---|---|" "${rows[@]}"
   exit 1
+else
+  row build pass "build-device/ (CUDA backend enabled)"
 fi
-row build pass "build-device/ (CUDA backend enabled)"
-ffrun=build-device/executor/ffrun
-ffplan=build-device/planner/ffplan
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/gpu.txt" 2>&1
+ffrun=$bdir/executor/ffrun
+ffplan=$bdir/planner/ffplan
+if [ -n "$rehearsal" ]; then echo "none (rehearsal on the CPU)" >"$out/gpu.txt"; else
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/gpu.txt" 2>&1
+fi
 
 # ---- 1. kernels --------------------------------------------------------------------------------
 # (each attention by name; FF_ATTENTION=tensor only in bf16: under fp32 math it is the fused one)
 for attention in fused gemm tensor; do
   for math in fp32 bf16; do
     [ $attention = tensor ] && [ $math = fp32 ] && continue
-    say "check_kernels $math, attention $attention"
+    mode=$math
+    if [ -n "$rehearsal" ]; then # the self-check, once: no backend to hold the CPU against
+      [ $attention$math = fusedfp32 ] || continue
+      mode=self
+    fi
+    say "check_kernels $mode, attention $attention"
     log=$out/kernels-$math-$attention.txt
     # chunks of 32 query rows, so that the checks' short sequences cross chunks
-    FF_ATTENTION=$attention FF_TEST_ATTENTION_ROWS=32 build-device/tests/check_kernels "$math" \
+    FF_ATTENTION=$attention FF_TEST_ATTENTION_ROWS=32 "$bdir/tests/check_kernels" "$mode" \
       >"$log" 2>&1
     rc=$?
     worst=$(awk '$0 ~ /rel error/ {for (i = 1; i < NF; i++) if ($i == "error") print $(i + 1)}' \
@@ -108,43 +128,48 @@ $ffplan plan --cluster tests/device/h200-1.json --model profiles/models/tiny.jso
 for prec in fp32 bf16; do
   plan=tests/plans/one-rank.json tol=1e-4
   [ $prec = bf16 ] && plan=$out/tiny-bf16.json tol=2e-2
-  $ffrun "$plan" --text LICENSE --steps 20 --quiet --backend cpu --metrics "$out/cpu-$prec.jsonl" &&
-    $ffrun "$plan" --text LICENSE --steps 20 --quiet --backend cuda --metrics "$out/gpu-$prec.jsonl" \
-      2>"$out/gpu-$prec.err"
+  run20=("$ffrun" "$plan" --text LICENSE --steps 20 --quiet)
+  "${run20[@]}" --backend cpu --metrics "$out/cpu-$prec.jsonl" &&
+    "${run20[@]}" --backend $backend --metrics "$out/gpu-$prec.jsonl" 2>"$out/gpu-$prec.err"
   detail=$(losses "$out/cpu-$prec.jsonl" "$out/gpu-$prec.jsonl" $tol) && r=pass || r=FAIL
   row "2. 20 steps GPU vs CPU ($prec, default attention)" $r "$detail"
   for attention in fused gemm; do
     [ $attention = fused ] && [ $prec = fp32 ] && continue # the default there
-    FF_ATTENTION=$attention $ffrun "$plan" --text LICENSE --steps 20 --quiet --backend cuda \
-      --metrics "$out/gpu-$prec-$attention.jsonl" 2>"$out/gpu-$prec-$attention.err"
-    detail=$(losses "$out/cpu-$prec.jsonl" "$out/gpu-$prec-$attention.jsonl" $tol) && r=pass || r=FAIL
+    m=$out/gpu-$prec-$attention
+    FF_ATTENTION=$attention "${run20[@]}" --backend $backend --metrics "$m.jsonl" 2>"$m.err"
+    detail=$(losses "$out/cpu-$prec.jsonl" "$m.jsonl" $tol) && r=pass || r=FAIL
     row "2. 20 steps GPU vs CPU ($prec, attention $attention)" $r "$detail"
   done
 done
 
 # ---- 3. a 4-rank plan on the one GPU -----------------------------------------------------------
 say "4 ranks on one GPU under mpirun"
-$ffrun tests/plans/one-rank.json --text LICENSE --steps 5 --quiet --backend cuda \
+$ffrun tests/plans/one-rank.json --text LICENSE --steps 5 --quiet --backend $backend \
   --metrics "$out/one-gpu.jsonl" 2>"$out/one-gpu.err"
 timeout 180 mpirun -np 4 $ffrun tests/device/dp-pp-tp-4rank.json --text LICENSE --steps 5 --quiet \
-  --backend cuda --metrics "$out/four-gpu.jsonl" >"$out/four-gpu.log" 2>&1
+  --backend $backend --metrics "$out/four-gpu.jsonl" >"$out/four-gpu.log" 2>&1
 detail=$(losses "$out/one-gpu.jsonl" "$out/four-gpu.jsonl" 1e-4) && r=pass || r=FAIL
 row "3. 4-rank DP+PP+uneven TP = 1 rank (GPU)" $r "$detail"
 
-say "NCCL on one rank"
-timeout 120 mpirun -np 1 $ffrun tests/plans/one-rank.json --text LICENSE --steps 5 --quiet \
-  --backend cuda --comm nccl --metrics "$out/nccl-1.jsonl" >"$out/nccl-1.log" 2>&1
-detail=$(losses "$out/one-gpu.jsonl" "$out/nccl-1.jsonl" 1e-6) && r=pass || r=FAIL
-row "3b. --comm nccl, 1 rank (bootstrap, splits, watchdog)" $r "$detail"
+if [ -n "$rehearsal" ]; then
+  row "3b. --comm nccl, 1 rank (bootstrap, splits, watchdog)" skipped "rehearsal: NCCL needs a GPU"
+else
+  say "NCCL on one rank"
+  timeout 120 mpirun -np 1 $ffrun tests/plans/one-rank.json --text LICENSE --steps 5 --quiet \
+    --backend cuda --comm nccl --metrics "$out/nccl-1.jsonl" >"$out/nccl-1.log" 2>&1
+  detail=$(losses "$out/one-gpu.jsonl" "$out/nccl-1.jsonl" 1e-6) && r=pass || r=FAIL
+  row "3b. --comm nccl, 1 rank (bootstrap, splits, watchdog)" $r "$detail"
+fi
 
 # ---- 4. the ~1B Llama on one GPU ---------------------------------------------------------------
 say "llama-1b throughput"
-$ffplan plan --cluster tests/device/h200-1.json --model tests/device/llama-1b.json \
+$ffplan plan --cluster tests/device/h200-1.json --model "$bench_model" \
   --training tests/device/bench-training.json -o "$out/llama-1b.json" >"$out/llama-1b-plan.txt" 2>&1
 for attention in fused gemm tensor; do
+  m=$out/llama-1b-$attention
   timeout 300 env FF_ATTENTION=$attention $ffrun "$out/llama-1b.json" --text LICENSE --steps 6 \
-    --backend cuda --metrics "$out/llama-1b-$attention.jsonl" >"$out/llama-1b-$attention.log" 2>&1
-  detail=$(python3 - "$out/llama-1b-$attention.jsonl" tests/device/llama-1b.json "$out/llama-1b.json" <<'PY'
+    --backend $backend --metrics "$m.jsonl" >"$m.log" 2>&1
+  detail=$(python3 - "$m.jsonl" "$bench_model" "$out/llama-1b.json" <<'PY'
 import json, os, statistics, sys
 if not os.path.exists(sys.argv[1]):
     print("no metrics: see the run's log"); sys.exit(1)
@@ -152,7 +177,8 @@ rows = [json.loads(l) for l in open(sys.argv[1])][2:]  # steps 1-2 warm up
 if not rows:
     print("no steps measured"); sys.exit(1)
 m = json.load(open(sys.argv[2]))
-reserve = json.load(open(sys.argv[3]))["inputs"]["cluster"]["device_types"][0]["runtime_reserve_gib"]
+device = json.load(open(sys.argv[3]))["inputs"]["cluster"]["device_types"][0]
+reserve = device["runtime_reserve_gib"]
 C, L, F, V, S = m["hidden"], m["layers"], m["ffn_hidden"], m["vocab"], m["seq_len"]
 D = C // m["heads"]
 matmul_params = L * (2 * C * C + 2 * C * m["kv_heads"] * D + 3 * C * F) + V * C
@@ -161,7 +187,8 @@ step, mm, att = med("step_seconds"), med("matmul_seconds"), med("attention_secon
 tokens = med("tokens_per_second") * step
 mm_tflops = 6 * tokens * matmul_params / mm / 1e12 if mm > 0 else 0
 print("median of %d steps: %.3f s/step, %.0f tokens/s, MFU %.1f %% (989 TFLOP/s); split: matmul "
-      "%.3f s (%.0f %%, %.0f TFLOP/s = %.0f %% of 989), attention %.3f s (%.0f %%), the rest %.3f s; "
+      "%.3f s (%.0f %%, %.0f TFLOP/s = %.0f %% of 989), attention %.3f s (%.0f %%), "
+      "the rest %.3f s; "
       "backend memory %.2f GiB against %.2f predicted less the %.2f GiB runtime reserve (%.1f %%); "
       "device %.2f GiB in use against %.2f predicted (activations kept in bf16)"
       % (len(rows), step, med("tokens_per_second"), 100 * med("mfu"), mm, 100 * mm / step,
@@ -176,16 +203,25 @@ done
 
 # ---- 5. profile the GPU, plan on the profile, calibrate on a run -------------------------------
 say "ffrun profile on the GPU, then calibrate"
-$ffrun profile -o "$out/gpu-profile.json" --model profiles/models/tiny.json >"$out/profile.log" 2>&1 &&
-  $ffplan validate "$out/gpu-profile.json" >>"$out/profile.log" 2>&1 &&
+log=$out/profile.log
+$ffrun profile -o "$out/gpu-profile.json" --model profiles/models/tiny.json >"$log" 2>&1 &&
+  $ffplan validate "$out/gpu-profile.json" >>"$log" 2>&1 &&
   $ffplan plan --cluster "$out/gpu-profile.json" --model profiles/models/tiny.json \
-    --training tests/device/tiny-bf16-training.json -o "$out/profiled-plan.json" >>"$out/profile.log" 2>&1 &&
+    --training tests/device/tiny-bf16-training.json -o "$out/profiled-plan.json" >>"$log" 2>&1 &&
   timeout 120 mpirun -np 1 $ffrun "$out/profiled-plan.json" --text LICENSE --steps 12 --quiet \
-    --backend cuda --metrics "$out/profiled-run.jsonl" >>"$out/profile.log" 2>&1 &&
+    --backend $backend --metrics "$out/profiled-run.jsonl" >>"$log" 2>&1 &&
   $ffplan calibrate --plan "$out/profiled-plan.json" --metrics "$out/profiled-run.jsonl" \
     --cluster "$out/gpu-profile.json" -o "$out/gpu-calibrated.json" >"$out/calibrate.txt" 2>&1
 if [ -s "$out/calibrate.txt" ] && grep -q '^iteration' "$out/calibrate.txt"; then
-  row "5. profile + calibrate (GPU)" pass "$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["device_types"][0]; print(d["name"], "peak bf16 %.0f / fp32 %.0f TFLOP/s measured" % (d["peak_tflops"]["bf16"], d["peak_tflops"]["fp32"]))' "$out/gpu-profile.json"); iteration error before/after: $(awk '/^iteration/ {print $5, $6}' "$out/calibrate.txt")"
+  peaks=$(python3 - "$out/gpu-profile.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))["device_types"][0]
+p = d["peak_tflops"]
+print("%s: peak bf16 %.4g / fp32 %.4g TFLOP/s measured" % (d["name"], p.get("bf16", 0), p["fp32"]))
+PY
+  )
+  errors=$(awk '/^iteration/ {print $5, $6}' "$out/calibrate.txt")
+  row "5. profile + calibrate (GPU)" pass "$peaks; iteration error before/after: $errors"
 else
   row "5. profile + calibrate (GPU)" FAIL "see profile.log and calibrate.txt"
 fi

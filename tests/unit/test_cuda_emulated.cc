@@ -1,6 +1,6 @@
-/* test_cuda_emulated.cc — the CUDA backend's kernels run on the CPU under cuda_emu/ (a
- * std::thread per CUDA thread, barriers for __syncthreads and __syncwarp, shuffles through shared
- * slots, WMMA on plain arrays), launched with the shapes their launchers use, against the CPU
+/* test_cuda_emulated.cc — the CUDA backend's kernels run on the CPU under cuda_emu/ (a fiber
+ * per CUDA thread, barriers for __syncthreads and __syncwarp, shuffles through shared slots,
+ * WMMA on plain arrays), launched with the shapes their launchers use, against the CPU
  * backend, as tests/device/check_kernels does on a GPU: every operation but the matmuls (cuBLAS)
  * and the GEMM attention. Each error is max |emulated − cpu| / max |cpu| (NaN anywhere fails):
  *   the operations of ff_ops_kernels.cuh and the fused fp32 attention (ff_attention_kernels.cuh,
@@ -21,8 +21,6 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
-#include <memory>
-#include <thread>
 #include <vector>
 
 #include "cuda/ff_attention_kernels.cuh"
@@ -30,47 +28,8 @@
 #include "cuda/ff_ops_kernels.cuh"
 #include "ff_kernels.h"
 
-thread_local dim3 threadIdx, blockIdx;
-dim3 blockDim, gridDim;
-std::barrier<> *emu_block_barrier;
-std::barrier<> *emu_warp_barrier[32];
-double emu_slots[32][32];
-alignas(256) unsigned char smem[256 * 1024];
-
-/* Run body() as a grid of blocks of `block` threads (x first, then y): one team of threads
- * takes the blocks one at a time, and between two blocks, with every thread waiting, thread 0
- * fills the dynamic shared memory with NaN again. */
-template <typename F>
-static void launch(dim3 grid, dim3 block, size_t smem_bytes, F body) {
-  unsigned threads = block.x * block.y;
-  if (smem_bytes > sizeof smem || threads % 32 != 0 || threads > 1024) {
-    fprintf(stderr, "launch: %zu bytes of shared memory, %u threads\n", smem_bytes, threads);
-    abort();
-  }
-  blockDim = block;
-  gridDim = grid;
-  std::barrier<> barrier((std::ptrdiff_t)threads);
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  for (unsigned w = 0; w < threads / 32; w++) {
-    warps.push_back(std::make_unique<std::barrier<>>(32));
-    emu_warp_barrier[w] = warps.back().get();
-  }
-  emu_block_barrier = &barrier;
-  std::vector<std::thread> team;
-  for (unsigned t = 0; t < threads; t++)
-    team.emplace_back([&, t] {
-      threadIdx = dim3{t % block.x, t / block.x, 0};
-      for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-          for (unsigned x = 0; x < grid.x; x++) {
-            if (t == 0) memset(smem, 0xff, sizeof smem); /* NaN as fp32 and as bf16 */
-            barrier.arrive_and_wait(); /* shared memory is reset */
-            blockIdx = dim3{x, y, z};
-            body();
-            barrier.arrive_and_wait(); /* every thread is done with the block */
-          }
-    });
-  for (auto &th : team) th.join();
+template <typename F> static void launch(dim3 grid, dim3 block, size_t smem_bytes, F body) {
+  emu_launch(grid, block, smem_bytes, body);
 }
 
 static dim3 blocks(unsigned x, unsigned y = 1, unsigned z = 1) { return dim3{x, y, z}; }

@@ -1,6 +1,10 @@
 /* cuda_emu.h — just enough of CUDA to run the CUDA backend's kernels on the CPU, for
- * tests/unit/test_cuda_emulated.cc: a block is a std::thread per CUDA thread (x first, then y),
- * __syncthreads and __syncwarp are barriers, shuffles go through shared slots, and WMMA
+ * tests/unit/test_cuda_emulated.cc and the emulated build of the CUDA backend (cuda_runtime.h):
+ * a block is a fiber per CUDA thread (x first, then y) on one CPU thread, taking turns
+ * (cuda_emu.cc), __syncthreads and __syncwarp are barriers where a fiber waits for its block or
+ * warp, so every interleaving the barriers allow is one a GPU could run; a barrier that some
+ * thread of the block never reaches stops the program, where a GPU would hang or worse. Shuffles
+ * go through shared slots, and WMMA
  * fragments are plain 16 × 16 arrays (mma.h beside this file). Dynamic shared memory is the
  * harness's buffer, filled with NaN before every block, so a read of something no thread wrote
  * shows up in the results; a static __shared__ array is a function-local static. One block runs
@@ -12,7 +16,6 @@
 #ifndef FF_CUDA_EMU_H
 #define FF_CUDA_EMU_H
 
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -31,22 +34,24 @@
 #define FF_DYNAMIC_SHARED(name, align) extern unsigned char name[]
 
 struct dim3 {
-  unsigned x = 1, y = 1, z = 1;
+  unsigned x, y, z;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
-extern thread_local dim3 threadIdx, blockIdx;
-extern dim3 blockDim, gridDim;
-extern std::barrier<> *emu_block_barrier;
-extern std::barrier<> *emu_warp_barrier[32];
+/* The emulator's state (cuda_emu.cc): the indices of the fiber running, the warps' shuffle
+ * slots, and the dynamic shared memory of every kernel. */
+extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 extern double emu_slots[32][32];
+enum { EMU_SHARED_BYTES = 256 * 1024 };
+extern unsigned char smem[EMU_SHARED_BYTES];
 
 /* This thread's index in its block, x first: warp emu_linear() / 32, lane emu_linear() % 32. */
 inline unsigned emu_linear() { return threadIdx.x + threadIdx.y * blockDim.x; }
 
-inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) {
-  emu_warp_barrier[emu_linear() / 32]->arrive_and_wait();
-}
+void emu_sync_block(void);
+void emu_sync_warp(void);
+inline void __syncthreads() { emu_sync_block(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_sync_warp(); }
 
 /* Every lane of the warp posts v and reads lane src's (floats and doubles pass exactly). */
 template <typename T> inline T emu_shuffle(T v, unsigned src) {
@@ -90,6 +95,21 @@ inline void emu_require(bool ok, const char *what) {
     fprintf(stderr, "cuda_emu: %s\n", what);
     abort();
   }
+}
+
+/* Run fn(arg) as every thread of a grid of blocks of `block` threads (cuda_emu.cc). */
+void emu_run_grid(dim3 grid, dim3 block, void (*fn)(void *), void *arg);
+
+/* Run body() as a grid of blocks of `block` threads, one block at a time; before each block
+ * the dynamic shared memory is filled with NaN again. */
+template <typename F> void emu_launch(dim3 grid, dim3 block, size_t smem_bytes, F body) {
+  unsigned threads = block.x * block.y * block.z;
+  if (smem_bytes > sizeof smem || threads % 32 != 0 || threads > 1024 || block.z != 1) {
+    fprintf(stderr, "cuda_emu: a launch of %zu bytes of shared memory, %u x %u x %u threads\n",
+            smem_bytes, block.x, block.y, block.z);
+    abort();
+  }
+  emu_run_grid(grid, block, [](void *f) { (*(F *)f)(); }, &body);
 }
 
 #endif

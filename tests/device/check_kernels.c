@@ -8,9 +8,13 @@
  * bands holding a sentinel, so a kernel writing outside its output (at index −1, or one past the
  * end) fails too.
  *
- * usage: check_kernels fp32|bf16 [SEED]     exit 0 all pass, 1 a failure, 77 no GPU
+ * usage: check_kernels fp32|bf16 [SEED] [--quick]   exit 0 all pass, 1 a failure, 77 no GPU
  *        check_kernels self [SEED]          the CPU backend against itself: checks the checker
- *                                           (poisoning, shapes, comparisons) where no GPU is */
+ *                                           (poisoning, shapes, comparisons) where no GPU is
+ * --quick: smaller attention shapes and no 1B-sized matmul, for the CUDA backend built against
+ * the CPU emulation of CUDA (tests/unit/cuda_emu), where every GPU thread is a CPU thread: every
+ * operation and every launcher path (each head-dimension class, GQA, a TP shard, tiles and
+ * chunks crossed) still runs, at sizes the emulation gets through in seconds. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -531,9 +535,13 @@ static void check_optimizer(int64_t n) {
 
 int main(int argc, char **argv) {
   if (argc < 2 || (strcmp(argv[1], "fp32") && strcmp(argv[1], "bf16") && strcmp(argv[1], "self"))) {
-    fprintf(stderr, "usage: check_kernels fp32|bf16|self [SEED]\n");
+    fprintf(stderr, "usage: check_kernels fp32|bf16|self [SEED] [--quick]\n");
     return 2;
   }
+  bool quick = false;
+  for (int i = 2; i < argc; i++)
+    if (strcmp(argv[i], "--quick") == 0) quick = true;
+    else rng_state ^= strtoull(argv[i], NULL, 10) * 0x9e3779b97f4a7c15ull;
   bool self = strcmp(argv[1], "self") == 0;
   bool bf16 = strcmp(argv[1], "bf16") == 0;
   math_name = argv[1];
@@ -541,7 +549,6 @@ int main(int argc, char **argv) {
   const char *attention = getenv("FF_ATTENTION"); /* bf16 math: tensor cores unless fused */
   bool attention_bf16 = bf16 && !(attention && strcmp(attention, "fused") == 0);
   attention_tol = attention_bf16 ? 1e-2 : 1e-5;
-  if (argc > 2) rng_state ^= strtoull(argv[2], NULL, 10) * 0x9e3779b97f4a7c15ull;
   char why[256];
   cpu = ff_kernels_cpu(1);
   gpu = self ? cpu : ff_kernels_cuda(0, bf16 ? FF_MATH_BF16 : FF_MATH_FP32, NULL, why, sizeof why);
@@ -551,31 +558,40 @@ int main(int argc, char **argv) {
   }
   check_matmul(154, 96, 200, 0);
   check_matmul(77, 64, 172, 1);
-  check_matmul(512, 2048, 5632, 0);
+  if (!quick) check_matmul(512, 2048, 5632, 0);
   check_matmul_bf16(154, 96, 200, 0);
   check_matmul_bf16(77, 64, 172, 1);              /* operands 2 bytes off alignment */
-  check_matmul_bf16(512, 2048, 5632, 0);
+  if (!quick) check_matmul_bf16(512, 2048, 5632, 0);
   if (self) check_the_checker();
   check_copy_rows(33, 40, 96);
-  check_bf16(100003);
-  check_bf16_forms(77, 2048, 100003);
+  int64_t n = quick ? 20011 : 100003; /* elementwise lengths, not a multiple of a block */
+  check_bf16(n);
+  check_bf16_forms(quick ? 21 : 77, 2048, n);
   check_embedding(154, 96, 256, 40, 200);
   check_embedding(50, 300, 64, 0, 64);           /* C past one block of threads */
-  check_rmsnorm(154, 2048);
+  check_rmsnorm(quick ? 33 : 154, 2048);
   check_rmsnorm(77, 96);
   check_rope(2, 77, 3, 64);
-  check_attention(2, 77, 4, 4, 16, 0, 0, 1);     /* MHA, S not a multiple of the tile */
-  check_attention(2, 77, 3, 2, 16, 1, 0, 2);     /* GQA shard: heads 1-3 over kv 0-1 */
-  check_attention(1, 130, 2, 1, 64, 2, 1, 2);    /* heads 2-3 over kv head 1 */
-  check_attention(1, 96, 2, 2, 128, 0, 0, 1);
-  check_attention(2, 200, 2, 2, 64, 0, 0, 1);    /* several 64-row tiles, the last one partial */
-  check_attention(1, 300, 4, 2, 128, 0, 0, 2);   /* the 1B model's head dimension, GQA */
-  check_attention(1, 40, 1, 1, 200, 0, 0, 1);    /* D not a power of two, past 128 */
-  check_attention(1, 70, 2, 1, 256, 0, 0, 2);    /* the largest D, GQA */
-  check_elementwise(100003);
+  if (quick) {
+    check_attention(2, 45, 3, 2, 16, 1, 0, 2);   /* GQA shard: heads 1-3 over kv 0-1 */
+    check_attention(1, 70, 2, 1, 64, 2, 1, 2);   /* heads 2-3 over kv head 1, a partial tile */
+    check_attention(1, 66, 1, 1, 128, 0, 0, 1);
+    check_attention(1, 40, 1, 1, 200, 0, 0, 1);  /* D not a power of two, past 128 */
+    check_attention(1, 20, 2, 1, 256, 0, 0, 2);  /* the largest D, GQA */
+  } else {
+    check_attention(2, 77, 4, 4, 16, 0, 0, 1);   /* MHA, S not a multiple of the tile */
+    check_attention(2, 77, 3, 2, 16, 1, 0, 2);   /* GQA shard: heads 1-3 over kv 0-1 */
+    check_attention(1, 130, 2, 1, 64, 2, 1, 2);  /* heads 2-3 over kv head 1 */
+    check_attention(1, 96, 2, 2, 128, 0, 0, 1);
+    check_attention(2, 200, 2, 2, 64, 0, 0, 1);  /* several 64-row tiles, the last one partial */
+    check_attention(1, 300, 4, 2, 128, 0, 0, 2); /* the 1B model's head dimension, GQA */
+    check_attention(1, 40, 1, 1, 200, 0, 0, 1);  /* D not a power of two, past 128 */
+    check_attention(1, 70, 2, 1, 256, 0, 0, 2);  /* the largest D, GQA */
+  }
+  check_elementwise(n);
   check_cross_entropy(154, 256, 0);
   check_cross_entropy(77, 1000, 300);            /* a vocabulary shard */
-  check_optimizer(100003);
+  check_optimizer(n);
   ff_kernel_memory mem;
   gpu->memory(&mem);
   printf("check_kernels (%s): %d checks, %d failed; GPU allocations now %.1f MiB, peak %.1f MiB\n",

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# test_emulated_gpu.sh FFRUN_EMULATED FFRUN — ffrun training on the CUDA backend built against the
+# CPU emulation of CUDA (tests/unit/cuda_emu: kernels/cuda's own sources, its launchers, cuBLASLt
+# calls, device memory and copies), against the CPU backend, as tests/device/run.sh part 2 does
+# on a GPU. A one-layer tiny-gqa at sequence 16 (the emulation runs every GPU thread as a fiber),
+# 2 steps:
+#  * fp32, one rank: per-step losses within 1e-5 of the CPU's;
+#  * bf16, one rank: within 1e-4 (the emulated cuBLAS accumulates bf16 products in fp32 as the
+#    CPU backend does, in another order);
+#  * fp32, two ranks under mpirun splitting heads 3:1 (TP sums staged through host memory, each
+#    rank its own emulated GPU): within 1e-5 of the one-rank CPU run.
+set -u
+emulated=$1
+ffrun=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_mpi_yield_when_idle=1
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+python3 - "$tmp" <<'PY'
+import json, sys
+def micro(src, dst, precision):
+    p = json.load(open(src))
+    p["inputs"].pop("digests", None)
+    p["inputs"]["model"].update(layers=1, seq_len=16)
+    p["inputs"]["training"].update(global_batch=4, precision=precision)
+    for pl in p["pipelines"]:
+        pl["batch"], pl["micro_batches"] = 4, 4 // pl["micro_batch_size"]
+        for st in pl["stages"]:
+            st["layers"] = [0, 1]
+    json.dump(p, open(sys.argv[1] + "/" + dst, "w"), indent=1)
+micro("tests/plans/one-rank.json", "fp32.json", "fp32")
+micro("tests/plans/one-rank.json", "bf16.json", "bf16")
+micro("tests/plans/tp2-heads-3to1.json", "tp2.json", "fp32")
+PY
+
+# losses A B TOL: the per-step losses of two metrics files agree to relative TOL
+losses() {
+  python3 - "$@" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+worst = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=float("inf"))
+print("  %s: %d steps, worst rel loss difference %.2e (tolerance %s)"
+      % (sys.argv[2].rsplit("/", 1)[-1], len(b), worst, sys.argv[3]))
+sys.exit(0 if len(a) == len(b) == 2 and worst <= float(sys.argv[3]) else 1)
+PY
+}
+
+run() { # plan backend metrics [ranks]
+  local n=${4:-1}
+  if [ "$n" -gt 1 ]; then
+    mpirun -np "$n" "$emulated" "$tmp/$1.json" --text LICENSE --steps 2 --quiet --backend "$2" \
+      --metrics "$tmp/$3.jsonl" >"$tmp/$3.log" 2>&1
+  elif [ "$2" = cpu ]; then
+    "$ffrun" "$tmp/$1.json" --text LICENSE --steps 2 --quiet --backend cpu \
+      --metrics "$tmp/$3.jsonl" >"$tmp/$3.log" 2>&1
+  else
+    "$emulated" "$tmp/$1.json" --text LICENSE --steps 2 --backend cuda \
+      --metrics "$tmp/$3.jsonl" >"$tmp/$3.log" 2>&1
+  fi || { fail "$3: ffrun failed"; tail -5 "$tmp/$3.log"; }
+}
+
+run fp32 cpu cpu-fp32
+run bf16 cpu cpu-bf16
+run fp32 cuda emulated-fp32
+grep -q "training on the CUDA backend" "$tmp/emulated-fp32.log" ||
+  fail "the emulated build did not train on its CUDA backend"
+run bf16 cuda emulated-bf16
+run tp2 cuda emulated-tp2 2
+losses "$tmp/cpu-fp32.jsonl" "$tmp/emulated-fp32.jsonl" 1e-5 || fail "fp32 one rank"
+losses "$tmp/cpu-bf16.jsonl" "$tmp/emulated-bf16.jsonl" 1e-4 || fail "bf16 one rank"
+losses "$tmp/cpu-fp32.jsonl" "$tmp/emulated-tp2.jsonl" 1e-5 || fail "fp32 two ranks, TP 3:1"
+[ $failures -eq 0 ] && echo "emulated GPU training: passed" || echo "emulated GPU training: FAILED"
+exit $failures

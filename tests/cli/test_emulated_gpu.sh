@@ -7,8 +7,11 @@
 #  * fp32, one rank: per-step losses within 1e-5 of the CPU's;
 #  * bf16, one rank: within 1e-4 (the emulated cuBLAS accumulates bf16 products in fp32 as the
 #    CPU backend does, in another order);
-#  * fp32, two ranks under mpirun splitting heads 3:1 (TP sums staged through host memory, each
-#    rank its own emulated GPU): within 1e-5 of the one-rank CPU run.
+#  * fp32, two ranks under mpirun splitting heads 3:1, each rank its own emulated GPU: with
+#    --comm mpi (TP sums staged through host memory) and with --comm nccl (the NCCL backend on
+#    the emulated NCCL, nccl.h: world communicator, splits, sums on device buffers), and two
+#    pipelines of batches 3:1 with --comm nccl (gradient sums started on their own stream):
+#    each within 1e-5 of the one-rank CPU run.
 set -u
 emulated=$1
 ffrun=$2
@@ -35,6 +38,11 @@ def micro(src, dst, precision):
 micro("tests/plans/one-rank.json", "fp32.json", "fp32")
 micro("tests/plans/one-rank.json", "bf16.json", "bf16")
 micro("tests/plans/tp2-heads-3to1.json", "tp2.json", "fp32")
+micro("tests/plans/dp2-batches-3to1.json", "dp2.json", "fp32")
+p = json.load(open(sys.argv[1] + "/dp2.json"))  # batches 3 and 1 of the same global 4
+for pl, b in zip(p["pipelines"], (3, 1)):
+    pl.update(batch=b, micro_batch_size=1, micro_batches=b)
+json.dump(p, open(sys.argv[1] + "/dp2.json", "w"), indent=1)
 PY
 
 # losses A B TOL: the per-step losses of two metrics files agree to relative TOL
@@ -50,11 +58,12 @@ sys.exit(0 if len(a) == len(b) == 2 and worst <= float(sys.argv[3]) else 1)
 PY
 }
 
-run() { # plan backend metrics [ranks]
+run() { # plan backend metrics [ranks [comm]]
   local n=${4:-1}
-  if [ "$n" -gt 1 ]; then
-    mpirun -np "$n" "$emulated" "$tmp/$1.json" --text LICENSE --steps 2 --quiet --backend "$2" \
-      --metrics "$tmp/$3.jsonl" >"$tmp/$3.log" 2>&1
+  if [ "$n" -gt 1 ]; then # as many emulated GPUs as ranks: NCCL wants one GPU per rank
+    FF_EMU_GPUS=$n mpirun -x FF_EMU_GPUS -np "$n" "$emulated" "$tmp/$1.json" --text LICENSE \
+      --steps 2 --quiet --backend "$2" --comm "${5:-mpi}" --metrics "$tmp/$3.jsonl" \
+      >"$tmp/$3.log" 2>&1
   elif [ "$2" = cpu ]; then
     "$ffrun" "$tmp/$1.json" --text LICENSE --steps 2 --quiet --backend cpu \
       --metrics "$tmp/$3.jsonl" >"$tmp/$3.log" 2>&1
@@ -71,8 +80,12 @@ grep -q "training on the CUDA backend" "$tmp/emulated-fp32.log" ||
   fail "the emulated build did not train on its CUDA backend"
 run bf16 cuda emulated-bf16
 run tp2 cuda emulated-tp2 2
+run tp2 cuda emulated-tp2-nccl 2 nccl
+run dp2 cuda emulated-dp2-nccl 2 nccl
 losses "$tmp/cpu-fp32.jsonl" "$tmp/emulated-fp32.jsonl" 1e-5 || fail "fp32 one rank"
 losses "$tmp/cpu-bf16.jsonl" "$tmp/emulated-bf16.jsonl" 1e-4 || fail "bf16 one rank"
 losses "$tmp/cpu-fp32.jsonl" "$tmp/emulated-tp2.jsonl" 1e-5 || fail "fp32 two ranks, TP 3:1"
+losses "$tmp/cpu-fp32.jsonl" "$tmp/emulated-tp2-nccl.jsonl" 1e-5 || fail "TP 3:1, --comm nccl"
+losses "$tmp/cpu-fp32.jsonl" "$tmp/emulated-dp2-nccl.jsonl" 1e-5 || fail "DP 3:1, --comm nccl"
 [ $failures -eq 0 ] && echo "emulated GPU training: passed" || echo "emulated GPU training: FAILED"
 exit $failures

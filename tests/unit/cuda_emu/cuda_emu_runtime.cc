@@ -2,6 +2,7 @@
  * cublas_v2.h and cublasLt.h, on the CPU, for the emulated build of the CUDA backend. */
 #include <cblas.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,10 @@
 #include "cuda_bf16.h"
 
 /* ---- the runtime ------------------------------------------------------------------------ */
+
+struct CUevent_st {
+  std::chrono::steady_clock::time_point at;
+};
 
 static std::map<void *, size_t> device_allocs; /* what cudaMalloc handed out, and its size */
 static size_t device_bytes;
@@ -29,6 +34,7 @@ const char *cudaGetErrorString(cudaError_t err) {
   case cudaErrorInvalidValue: return "invalid argument";
   case cudaErrorMemoryAllocation: return "out of memory";
   case cudaErrorInvalidDevice: return "invalid device ordinal";
+  case cudaErrorNotReady: return "device not ready";
   }
   return "unknown error";
 }
@@ -39,13 +45,20 @@ cudaError_t cudaGetLastError(void) {
   return err;
 }
 
+/* One GPU, or FF_EMU_GPUS of them: alike, and each process has its own (ranks of one host that
+ * must not share a GPU, as NCCL's, can then each take another). */
+static int device_count() {
+  const char *n = getenv("FF_EMU_GPUS");
+  return n && atoi(n) > 0 ? atoi(n) : 1;
+}
+
 cudaError_t cudaGetDeviceCount(int *count) {
-  *count = 1;
+  *count = device_count();
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   current_device = device;
   return cudaSuccess;
 }
@@ -56,7 +69,7 @@ cudaError_t cudaGetDevice(int *device) {
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   memset(prop, 0, sizeof *prop);
   snprintf(prop->name, sizeof prop->name, "emulated GPU (tests/unit/cuda_emu)");
   prop->totalGlobalMem = EMU_DEVICE_BYTES;
@@ -65,13 +78,13 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
 }
 
 cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice);
-  snprintf(id, (size_t)len, "0000:00:00.0");
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  snprintf(id, (size_t)len, "0000:%02x:00.0", device);
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
-  if (device != 0 || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin)
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
+  if (device < 0 || device >= device_count() || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin)
     return fail(cudaErrorInvalidValue);
   *value = EMU_SHARED_OPTIN;
   return cudaSuccess;
@@ -132,19 +145,46 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned) {
-  static int one_stream;
-  *stream = (cudaStream_t)&one_stream;
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
+  memset(a, 0, sizeof *a);
+  auto it = device_allocs.upper_bound(const_cast<void *>(p)); /* the first past p */
+  if (it != device_allocs.begin()) {
+    --it;
+    if ((const char *)p < (const char *)it->first + it->second) {
+      a->type = cudaMemoryTypeDevice;
+      a->devicePointer = const_cast<void *>(p);
+      return cudaSuccess;
+    }
+  }
+  a->type = cudaMemoryTypeUnregistered;
+  a->hostPointer = const_cast<void *>(p);
   return cudaSuccess;
 }
 
+/* Streams are names (every call completes before it returns), handed out from a fixed set. */
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned) {
+  static char names[64];
+  static unsigned made;
+  *stream = (cudaStream_t)&names[made++ % sizeof names];
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *stream) { return cudaStreamCreateWithFlags(stream, 0); }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
 
 cudaError_t cudaEventCreate(cudaEvent_t *event) {
   *event = new CUevent_st();
   return cudaSuccess;
 }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned) {
+  return cudaEventCreate(event);
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;

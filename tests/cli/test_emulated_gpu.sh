@@ -11,7 +11,10 @@
 #    --comm mpi (TP sums staged through host memory) and with --comm nccl (the NCCL backend on
 #    the emulated NCCL, nccl.h: world communicator, splits, sums on device buffers), and two
 #    pipelines of batches 3:1 with --comm nccl (gradient sums started on their own stream):
-#    each within 1e-5 of the one-rank CPU run.
+#    each within 1e-5 of the one-rank CPU run;
+#  * fp32, a two-layer model in two stages with --comm nccl (activations and their gradients
+#    between the stages by NCCL send and receive on device buffers): within 1e-5 of the
+#    two-layer model on one CPU rank.
 set -u
 emulated=$1
 ffrun=$2
@@ -43,6 +46,17 @@ p = json.load(open(sys.argv[1] + "/dp2.json"))  # batches 3 and 1 of the same gl
 for pl, b in zip(p["pipelines"], (3, 1)):
     pl.update(batch=b, micro_batch_size=1, micro_batches=b)
 json.dump(p, open(sys.argv[1] + "/dp2.json", "w"), indent=1)
+micro("tests/plans/pp2-layers-3to1.json", "pp2.json", "fp32")
+p = json.load(open(sys.argv[1] + "/pp2.json"))  # two layers, one a stage
+p["inputs"]["model"]["layers"] = 2
+for st, layers in zip(p["pipelines"][0]["stages"], ([0, 1], [1, 2])):
+    st["layers"] = layers
+json.dump(p, open(sys.argv[1] + "/pp2.json", "w"), indent=1)
+micro("tests/plans/one-rank.json", "two-layers.json", "fp32")
+p = json.load(open(sys.argv[1] + "/two-layers.json"))
+p["inputs"]["model"]["layers"] = 2
+p["pipelines"][0]["stages"][0]["layers"] = [0, 2]
+json.dump(p, open(sys.argv[1] + "/two-layers.json", "w"), indent=1)
 PY
 
 # losses A B TOL: the per-step losses of two metrics files agree to relative TOL
@@ -75,6 +89,7 @@ run() { # plan backend metrics [ranks [comm]]
 
 run fp32 cpu cpu-fp32
 run bf16 cpu cpu-bf16
+run two-layers cpu cpu-two-layers
 run fp32 cuda emulated-fp32
 grep -q "training on the CUDA backend" "$tmp/emulated-fp32.log" ||
   fail "the emulated build did not train on its CUDA backend"
@@ -82,10 +97,12 @@ run bf16 cuda emulated-bf16
 run tp2 cuda emulated-tp2 2
 run tp2 cuda emulated-tp2-nccl 2 nccl
 run dp2 cuda emulated-dp2-nccl 2 nccl
+run pp2 cuda emulated-pp2-nccl 2 nccl
 losses "$tmp/cpu-fp32.jsonl" "$tmp/emulated-fp32.jsonl" 1e-5 || fail "fp32 one rank"
 losses "$tmp/cpu-bf16.jsonl" "$tmp/emulated-bf16.jsonl" 1e-4 || fail "bf16 one rank"
 losses "$tmp/cpu-fp32.jsonl" "$tmp/emulated-tp2.jsonl" 1e-5 || fail "fp32 two ranks, TP 3:1"
 losses "$tmp/cpu-fp32.jsonl" "$tmp/emulated-tp2-nccl.jsonl" 1e-5 || fail "TP 3:1, --comm nccl"
 losses "$tmp/cpu-fp32.jsonl" "$tmp/emulated-dp2-nccl.jsonl" 1e-5 || fail "DP 3:1, --comm nccl"
+losses "$tmp/cpu-two-layers.jsonl" "$tmp/emulated-pp2-nccl.jsonl" 1e-5 || fail "PP 2, --comm nccl"
 [ $failures -eq 0 ] && echo "emulated GPU training: passed" || echo "emulated GPU training: FAILED"
 exit $failures

@@ -28,35 +28,28 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 python3 - "$tmp" <<'PY'
 import json, sys
-def micro(src, dst, precision):
+def micro(src, dst, precision="fp32", layers=1, batches=None):
+    """src at sequence 16, global batch 4 (pipelines' batches `batches` in micro-batches of 1,
+    or 4 each in their own size), `layers` split evenly over each pipeline's stages"""
     p = json.load(open(src))
     p["inputs"].pop("digests", None)
-    p["inputs"]["model"].update(layers=1, seq_len=16)
+    p["inputs"]["model"].update(layers=layers, seq_len=16)
     p["inputs"]["training"].update(global_batch=4, precision=precision)
-    for pl in p["pipelines"]:
-        pl["batch"], pl["micro_batches"] = 4, 4 // pl["micro_batch_size"]
-        for st in pl["stages"]:
-            st["layers"] = [0, 1]
+    for i, pl in enumerate(p["pipelines"]):
+        if batches:
+            pl.update(batch=batches[i], micro_batch_size=1, micro_batches=batches[i])
+        else:
+            pl.update(batch=4, micro_batches=4 // pl["micro_batch_size"])
+        n = len(pl["stages"])
+        for k, st in enumerate(pl["stages"]):
+            st["layers"] = [k * layers // n, (k + 1) * layers // n]
     json.dump(p, open(sys.argv[1] + "/" + dst, "w"), indent=1)
-micro("tests/plans/one-rank.json", "fp32.json", "fp32")
+micro("tests/plans/one-rank.json", "fp32.json")
 micro("tests/plans/one-rank.json", "bf16.json", "bf16")
-micro("tests/plans/tp2-heads-3to1.json", "tp2.json", "fp32")
-micro("tests/plans/dp2-batches-3to1.json", "dp2.json", "fp32")
-p = json.load(open(sys.argv[1] + "/dp2.json"))  # batches 3 and 1 of the same global 4
-for pl, b in zip(p["pipelines"], (3, 1)):
-    pl.update(batch=b, micro_batch_size=1, micro_batches=b)
-json.dump(p, open(sys.argv[1] + "/dp2.json", "w"), indent=1)
-micro("tests/plans/pp2-layers-3to1.json", "pp2.json", "fp32")
-p = json.load(open(sys.argv[1] + "/pp2.json"))  # two layers, one a stage
-p["inputs"]["model"]["layers"] = 2
-for st, layers in zip(p["pipelines"][0]["stages"], ([0, 1], [1, 2])):
-    st["layers"] = layers
-json.dump(p, open(sys.argv[1] + "/pp2.json", "w"), indent=1)
-micro("tests/plans/one-rank.json", "two-layers.json", "fp32")
-p = json.load(open(sys.argv[1] + "/two-layers.json"))
-p["inputs"]["model"]["layers"] = 2
-p["pipelines"][0]["stages"][0]["layers"] = [0, 2]
-json.dump(p, open(sys.argv[1] + "/two-layers.json", "w"), indent=1)
+micro("tests/plans/tp2-heads-3to1.json", "tp2.json")
+micro("tests/plans/dp2-batches-3to1.json", "dp2.json", batches=(3, 1))
+micro("tests/plans/pp2-layers-3to1.json", "pp2.json", layers=2)
+micro("tests/plans/one-rank.json", "two-layers.json", layers=2)
 PY
 
 # losses A B TOL: the per-step losses of two metrics files agree to relative TOL

@@ -261,9 +261,8 @@ static cublasStatus_t emu_gemm(bool ta, bool tb, int m, int n, int k, float alph
   bool fast = compute == CUBLAS_COMPUTE_32F_FAST_16BF;
   std::vector<float> a = load(A, a_type, a_rows, ta ? m : k, lda, fast);
   std::vector<float> b = load(B, b_type, b_rows, tb ? k : n, ldb, fast);
-  std::vector<float> c = load(C, c_type, m, n, ldc, false);
-  if (beta == 0.0f) /* C is not read: it may hold NaN */
-    for (float &x : c) x = 0.0f;
+  std::vector<float> c = beta != 0.0f ? load(C, c_type, m, n, ldc, false) /* else unread: */
+                                       : std::vector<float>((size_t)ldc * n); /* may be NaN */
   if (k > 0)
     cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
                 n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);

@@ -44,16 +44,20 @@ int ff_cluster_find_device(const ff_cluster *c, const char *name) {
   return -1;
 }
 
+ff_link ff_cluster_base_link(const ff_cluster *c, int a, int b) {
+  int g = c->nodes[a].group;
+  if (g >= 0 && g == c->nodes[b].group)
+    return c->groups[g].link;
+  return c->net_default;
+}
+
 ff_link ff_cluster_node_link(const ff_cluster *c, int a, int b) {
   for (int i = 0; i < c->n_overrides; i++) {
     const ff_net_override *o = &c->overrides[i];
     if ((o->node_a == a && o->node_b == b) || (o->node_a == b && o->node_b == a))
       return o->link;
   }
-  int g = c->nodes[a].group;
-  if (g >= 0 && g == c->nodes[b].group)
-    return c->groups[g].link;
-  return c->net_default;
+  return ff_cluster_base_link(c, a, b);
 }
 
 static bool read_link(ff_jobj *o, ff_link *link, bool required, const char *bw_key,

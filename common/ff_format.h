@@ -275,7 +275,11 @@ ff_status ff_cluster_copy(const ff_cluster *src, ff_cluster *dst);
 /* Cluster queries. */
 int ff_cluster_find_node(const ff_cluster *c, const char *name);   /* -1 if none */
 int ff_cluster_find_device(const ff_cluster *c, const char *name); /* -1 if none */
+/* The link between two distinct nodes: the pair's override, else their group's link, else the
+ * default. ff_cluster_base_link is the same without the override (for callers that index the
+ * overrides themselves, such as the planner's device graph). */
 ff_link ff_cluster_node_link(const ff_cluster *c, int node_a, int node_b);
+ff_link ff_cluster_base_link(const ff_cluster *c, int node_a, int node_b);
 
 /* Digest of an input: "fnv1a64:" + 16 hex digits of its canonical form (without "format"). */
 void ff_digest_json(const cJSON *v, char out[32]);

@@ -16,44 +16,27 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "graph.h"
 #include "milp.h"
+#include "partition.h"
 #include "ff_version.h"
 
 #define MAX_TYPES 64
 #define MAX_TP_OPTIONS 11 /* 1, 2, 4, ..., 1024 */
 #define SURROGATE_KEEP 24
 #define N_MODES 3
+#define PARTITION_MAX_K 8 /* METIS partitions into 2..8 parts */
+#define PARTITION_SEEDS 2
 
 struct ff_search_ctx {
   const ff_cluster *cluster;
   const ff_model *model;
   const ff_training *training;
   ff_search_opts opts;
-  int *node_order; /* canonical order: group, device speed (fast first), name */
+  ff_graph graph;  /* the device graph: links and the canonical node order */
+  const int *node_order; /* canonical order (graph.h) */
   int64_t scored;  /* full evaluations */
 };
-
-/* ---- canonical node order ---------------------------------------------------------------- */
-
-static const ff_search_ctx *order_ctx; /* qsort has no context argument; set only around qsort */
-
-static const char *group_name(const ff_cluster *c, int node) {
-  int g = c->nodes[node].group;
-  return g >= 0 ? c->groups[g].name : "";
-}
-
-static int cmp_nodes(const void *a, const void *b) {
-  const ff_cluster *c = order_ctx->cluster;
-  int x = *(const int *)a, y = *(const int *)b;
-  int g = strcmp(group_name(c, x), group_name(c, y));
-  if (g)
-    return g;
-  double px = ff_peak_flops(&c->devices[c->nodes[x].device], order_ctx->training->precision);
-  double py = ff_peak_flops(&c->devices[c->nodes[y].device], order_ctx->training->precision);
-  if (px != py)
-    return px > py ? -1 : 1;
-  return strcmp(c->nodes[x].name, c->nodes[y].name);
-}
 
 /* ---- per-unit costs ---------------------------------------------------------------------- */
 
@@ -429,10 +412,14 @@ double ff_candidate_score(ff_search_ctx *ctx, ff_candidate *c) {
 
 /* ---- building candidates from a configuration ------------------------------------------- */
 
+typedef enum layout { LAYOUT_STRIPED, LAYOUT_BLOCKED, LAYOUT_PARTS } layout;
+static const char *const layout_names[] = {"striped", "blocked", "one pipeline per part"};
+
 typedef struct config {
   int tp[MAX_TYPES];      /* per device type; 0: the type is left idle */
   int n_pipes;
-  bool striped;
+  layout layout;
+  const ff_node_order *order; /* the node order units follow (partition.h) */
   int64_t micro_batch_size;
   /* fixed splits, for the baselines: equal layers / layers by memory, equal batch */
   bool equal_layers, layers_by_memory, equal_batch;
@@ -451,8 +438,8 @@ static void describe(const ff_search_ctx *ctx, const config *cf, const ff_candid
   size_t n = (size_t)snprintf(out, cap, "%d pipeline%s x %d", c->n_pipes, c->n_pipes == 1 ? "" : "s", min_s);
   if (max_s != min_s)
     n += (size_t)snprintf(out + n, cap - n, "-%d", max_s);
-  n += (size_t)snprintf(out + n, cap - n, " stages (%s), micro-batch %lld, TP", cf->striped ? "striped" : "blocked",
-                        (long long)c->micro_batch_size);
+  n += (size_t)snprintf(out + n, cap - n, " stages (%s over the %s), micro-batch %lld, TP",
+                        layout_names[cf->layout], cf->order->what, (long long)c->micro_batch_size);
   for (int d = 0; d < ctx->cluster->n_devices && n < cap; d++) {
     bool present = false;
     for (int i = 0; i < ctx->cluster->n_nodes; i++)
@@ -466,19 +453,53 @@ static void describe(const ff_search_ctx *ctx, const config *cf, const ff_candid
   }
 }
 
-/* Units in canonical node order. */
-static int make_units(const ff_search_ctx *ctx, const config *cf, ff_unit *units) {
+/* Units in the configuration's node order; part_of[u] the part of unit u's node. */
+static int make_units(const ff_search_ctx *ctx, const config *cf, ff_unit *units, int *part_of) {
   int n = 0;
-  for (int i = 0; i < ctx->cluster->n_nodes; i++) {
-    int node = ctx->node_order[i];
+  const ff_node_order *o = cf->order;
+  for (int i = 0; i < o->n; i++) {
+    int node = o->order[i];
     const ff_node *nd = &ctx->cluster->nodes[node];
     int tp = cf->tp[nd->device];
     if (tp <= 0)
       continue;
-    for (int g = 0; g + tp <= nd->gpus; g += tp)
+    for (int g = 0; g + tp <= nd->gpus; g += tp) {
+      part_of[n] = o->part[i];
       units[n++] = (ff_unit){node, g, tp, nd->device};
+    }
   }
   return n;
+}
+
+/* Stages of pipeline j and their units under the configuration's layout (part_of: see
+ * make_units). Returns the stage count; with `units_out` NULL only counts. */
+static int layout_pipeline(const config *cf, int n_units, const int *part_of, int j, int *units_out) {
+  int D = cf->n_pipes, n = 0;
+  switch (cf->layout) {
+  case LAYOUT_STRIPED:
+    for (int u = j; u < n_units; u += D, n++)
+      if (units_out)
+        units_out[n] = u;
+    return n;
+  case LAYOUT_BLOCKED: {
+    int first = 0;
+    for (int q = 0; q < j; q++)
+      first += n_units / D + (q < n_units % D ? 1 : 0);
+    n = n_units / D + (j < n_units % D ? 1 : 0);
+    for (int k = 0; k < n && units_out; k++)
+      units_out[k] = first + k;
+    return n;
+  }
+  case LAYOUT_PARTS:
+    for (int u = 0; u < n_units; u++)
+      if (part_of[u] == j) {
+        if (units_out)
+          units_out[n] = u;
+        n++;
+      }
+    return n;
+  }
+  return 0;
 }
 
 /* Per-stage models of one pipeline for the layer split. */
@@ -514,7 +535,7 @@ static void stage_models(const ff_search_ctx *ctx, const ff_candidate *c, const 
 /* Form the pipelines of a configuration and split layers and micro-batches. Returns the
  * surrogate time, INFINITY when it does not fit or cannot be formed. */
 static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *units, int n_units,
-                              unit_cost *costs, ff_candidate *c) {
+                              const int *part_of, unit_cost *costs, ff_candidate *c) {
   const ff_model *m = ctx->model;
   const ff_training *t = ctx->training;
   int D = cf->n_pipes;
@@ -525,7 +546,14 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
     return INFINITY;
   if (cf->equal_batch && N % D != 0)
     return INFINITY;
-  int p_max = (n_units + D - 1) / D;
+  int p_max = 0;
+  for (int j = 0; j < D; j++) {
+    int n = layout_pipeline(cf, n_units, part_of, j, NULL);
+    if (n == 0)
+      return INFINITY;
+    if (n > p_max)
+      p_max = n;
+  }
   if (p_max > m->layers + 1)
     return INFINITY;
   c->units = malloc((size_t)n_units * sizeof *c->units);
@@ -538,23 +566,24 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
   c->n_units = n_units;
   c->n_pipes = D;
   c->micro_batch_size = cf->micro_batch_size;
+  int *stage_units = malloc((size_t)p_max * sizeof *stage_units);
+  if (!stage_units) {
+    ff_candidate_free(c);
+    return INFINITY;
+  }
   for (int j = 0; j < D; j++) {
-    int n = cf->striped ? (n_units - j + D - 1) / D : n_units / D + (j < n_units % D ? 1 : 0);
+    int n = layout_pipeline(cf, n_units, part_of, j, stage_units);
     c->pipes[j].stages = calloc((size_t)n, sizeof(ff_cand_stage));
     if (!c->pipes[j].stages) {
+      free(stage_units);
       ff_candidate_free(c);
       return INFINITY;
     }
     c->pipes[j].n_stages = n;
+    for (int k = 0; k < n; k++)
+      c->pipes[j].stages[k].unit = stage_units[k];
   }
-  int first = 0;
-  for (int j = 0; j < D; j++)
-    for (int k = 0; k < c->pipes[j].n_stages; k++) {
-      int u = cf->striped ? j + k * D : first + k;
-      c->pipes[j].stages[k].unit = u;
-      if (!cf->striped && k == c->pipes[j].n_stages - 1)
-        first += c->pipes[j].n_stages;
-    }
+  free(stage_units);
   int64_t m_est = N / D;
   stage_model *sms = malloc((size_t)p_max * sizeof *sms);
   double *slow = malloc((size_t)D * 3 * sizeof *slow);
@@ -770,43 +799,69 @@ static int type_infos(const ff_search_ctx *ctx, type_info *types) {
 
 typedef struct enum_state {
   ff_search_ctx *ctx;
-  keep_list *keep;
+  keep_list *keep;      /* the best surrogates over the canonical order */
+  keep_list *keep_part; /* and over the partitions' orders, kept apart so that neither crowds
+                         * out the other before the full model decides */
+  const ff_node_orders *orders; /* node orders of the device types in use */
   ff_unit *units;
+  int *part_of;
   unit_cost *costs;
   int64_t configs;
 } enum_state;
 
-/* Every pipeline count, layout and micro-batch size for one TP assignment. */
+/* Every micro-batch size for one configuration whose order, layout and pipeline count are set. */
+static double enumerate_batches(enum_state *es, config *cf, int n_units) {
+  ff_search_ctx *ctx = es->ctx;
+  double best = INFINITY;
+  for (int mi = 0; mi < ctx->training->n_micro_batch_sizes; mi++) {
+    cf->micro_batch_size = ctx->training->micro_batch_sizes[mi];
+    if (ctx->training->global_batch % cf->micro_batch_size != 0)
+      continue;
+    unit_costs(ctx, es->units, n_units, cf->micro_batch_size, cf->n_pipes, es->costs);
+    ff_candidate c;
+    es->configs++;
+    double s = build_candidate(ctx, cf, es->units, n_units, es->part_of, es->costs, &c);
+    if (s < best)
+      best = s;
+    keep_insert(cf->order == &es->orders->items[0] ? es->keep : es->keep_part, &c, s, cf);
+  }
+  return best;
+}
+
+/* Every node order, layout, pipeline count and micro-batch size for one TP assignment: striped
+ * and blocked layouts over the canonical order for every stage count, striped over each
+ * partition's order, and one pipeline per part. */
 static double enumerate_shapes(enum_state *es, config *cf) {
   ff_search_ctx *ctx = es->ctx;
-  int n_units = make_units(ctx, cf, es->units);
-  if (n_units == 0)
-    return INFINITY;
   double best = INFINITY;
-  int last_D = -1;
-  int p_limit = n_units < ctx->model->layers ? n_units : (int)ctx->model->layers;
-  for (int p = 1; p <= p_limit; p++) {
-    int D = n_units / p;
-    if (D == last_D || D < 1)
+  for (int oi = 0; oi < es->orders->n; oi++) {
+    cf->order = &es->orders->items[oi];
+    int n_units = make_units(ctx, cf, es->units, es->part_of);
+    if (n_units == 0)
       continue;
-    last_D = D;
-    for (int layout = 0; layout < 2; layout++) {
-      cf->striped = layout == 0;
-      if (D == 1 && !cf->striped)
-        continue; /* one pipeline: both layouts are the same */
-      for (int mi = 0; mi < ctx->training->n_micro_batch_sizes; mi++) {
-        cf->micro_batch_size = ctx->training->micro_batch_sizes[mi];
+    int last_D = -1;
+    int p_limit = n_units < ctx->model->layers ? n_units : (int)ctx->model->layers;
+    for (int p = 1; p <= p_limit; p++) {
+      int D = n_units / p;
+      if (D == last_D || D < 1)
+        continue;
+      last_D = D;
+      for (int lay = LAYOUT_STRIPED; lay <= LAYOUT_BLOCKED; lay++) {
+        if (lay == LAYOUT_BLOCKED && (D == 1 || oi > 0))
+          continue; /* one pipeline: both layouts are the same; blocked ignores parts */
+        cf->layout = (layout)lay;
         cf->n_pipes = D;
-        if (ctx->training->global_batch % cf->micro_batch_size != 0)
-          continue;
-        unit_costs(ctx, es->units, n_units, cf->micro_batch_size, D, es->costs);
-        ff_candidate c;
-        es->configs++;
-        double s = build_candidate(ctx, cf, es->units, n_units, es->costs, &c);
+        double s = enumerate_batches(es, cf, n_units);
         if (s < best)
           best = s;
-        keep_insert(es->keep, &c, s, cf);
       }
+    }
+    if (cf->order->n_parts > 1 && !cf->equal_layers) {
+      cf->layout = LAYOUT_PARTS;
+      cf->n_pipes = cf->order->n_parts;
+      double s = enumerate_batches(es, cf, n_units);
+      if (s < best)
+        best = s;
     }
   }
   return best;
@@ -1071,6 +1126,8 @@ void ff_search_opts_default(ff_search_opts *o) {
   o->milp_node_budget = 300;
   o->local_moves = 400;
   o->keep = 3;
+  o->partition = true;
+  o->ilp = true;
 }
 
 static ff_status finish_plan(ff_search_ctx *ctx, const ff_candidate *best, const keep_list *scored,
@@ -1153,24 +1210,22 @@ static config base_config(const type_info *types, int n_types, const int *by_spe
 ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_training *training,
                     const ff_search_opts *opts, ff_search_result *res) {
   memset(res, 0, sizeof *res);
-  ff_search_ctx ctx = {cluster, model, training, *opts, NULL, 0};
+  ff_search_ctx ctx = {.cluster = cluster, .model = model, .training = training, .opts = *opts};
   ff_status st = FF_ERR_RUNTIME;
   type_info types[MAX_TYPES];
   int n_types = type_infos(&ctx, types);
-  keep_list keep = {0}, scored = {0};
+  keep_list keep = {0}, keep_part = {0}, scored = {0}, seeds = {0};
   ff_unit *units = malloc((size_t)cluster->total_gpus * sizeof *units);
   unit_cost *costs = malloc((size_t)cluster->total_gpus * sizeof *costs);
-  ctx.node_order = malloc((size_t)cluster->n_nodes * sizeof *ctx.node_order);
+  int *part_of = malloc((size_t)cluster->total_gpus * sizeof *part_of);
+  ff_node_orders orders[MAX_TYPES] = {{0}}; /* per number of idle device types */
   ff_candidate best = {0};
   best.seconds = INFINITY;
-  if (!units || !costs || !ctx.node_order || !keep_init(&keep, SURROGATE_KEEP) ||
-      !keep_init(&scored, SURROGATE_KEEP))
+  if (!units || !costs || !part_of || !keep_init(&keep, SURROGATE_KEEP) ||
+      !keep_init(&keep_part, SURROGATE_KEEP) || !keep_init(&scored, SURROGATE_KEEP) ||
+      ff_graph_build(cluster, training->precision, &ctx.graph) != FF_OK)
     goto done;
-  for (int i = 0; i < cluster->n_nodes; i++)
-    ctx.node_order[i] = i;
-  order_ctx = &ctx;
-  qsort(ctx.node_order, (size_t)cluster->n_nodes, sizeof *ctx.node_order, cmp_nodes);
-  order_ctx = NULL;
+  ctx.node_order = ctx.graph.order;
   res->lower_bound_seconds = lower_bound(&ctx);
 
   /* Device types by speed, slowest first: leaving the k slowest idle is a candidate too. */
@@ -1183,23 +1238,32 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
       by_speed[k] = by_speed[k - 1];
       by_speed[k - 1] = x;
     }
-  enum_state es = {&ctx, &keep, units, costs, 0};
+  enum_state es = {.ctx = &ctx, .keep = &keep, .keep_part = &keep_part, .units = units, .part_of = part_of, .costs = costs};
   int max_idle = opts->baseline == FF_BASELINE_NONE ? n_types - 1 : 0;
   for (int idle = 0; idle <= max_idle; idle++) {
     config base = base_config(types, n_types, by_speed, idle, opts->baseline);
+    bool active[MAX_TYPES] = {false};
+    for (int d = 0; d < cluster->n_devices && d < MAX_TYPES; d++)
+      active[d] = base.tp[d] > 0;
+    if (ff_partition_orders(&ctx.graph, active, opts->partition && opts->baseline != FF_BASELINE_UNIFORM,
+                            PARTITION_MAX_K, PARTITION_SEEDS, &orders[idle]) != FF_OK)
+      goto done;
+    es.orders = &orders[idle];
     enumerate_tp(&es, &base, types, n_types, opts->baseline);
     if (opts->progress)
       fprintf(stderr, "\rffplan: %lld configurations", (long long)es.configs);
   }
   /* The planner's space contains the baselines' plans: their best shapes are candidates too,
    * so the result is never worse than either baseline. */
-  keep_list seeds = {0};
   if (opts->baseline == FF_BASELINE_NONE) {
     if (!keep_init(&seeds, SURROGATE_KEEP))
       goto done;
-    es.keep = &seeds;
+    es.keep = es.keep_part = &seeds;
     for (int b = FF_BASELINE_UNIFORM; b <= FF_BASELINE_FLASHFLEX; b++) {
       config base = base_config(types, n_types, by_speed, 0, (ff_baseline)b);
+      /* The uniform baseline lays ranks over the canonical order only (the first order). */
+      ff_node_orders canonical_only = {orders[0].items, 1};
+      es.orders = b == FF_BASELINE_UNIFORM ? &canonical_only : &orders[0];
       enumerate_tp(&es, &base, types, n_types, (ff_baseline)b);
     }
   }
@@ -1207,17 +1271,15 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
     fprintf(stderr, "\n");
 
   /* Phase 2: the full cost model on the best surrogates. */
-  for (int list = 0; list < 2; list++) {
-    keep_list *from = list == 0 ? &keep : &seeds;
+  for (int list = 0; list < 3; list++) {
+    keep_list *from = list == 0 ? &keep : list == 1 ? &keep_part : &seeds;
     for (int i = 0; i < from->n; i++) {
       ff_candidate *c = &from->items[i];
       describe(&ctx, &from->configs[i], c, c->summary, sizeof c->summary);
       double s = ff_candidate_score(&ctx, c);
       ff_candidate copy;
-      if (ff_candidate_copy(c, &copy) != FF_OK) {
-        keep_free(&seeds);
+      if (ff_candidate_copy(c, &copy) != FF_OK)
         goto done;
-      }
       keep_insert(&scored, &copy, s, &from->configs[i]);
     }
   }
@@ -1242,7 +1304,7 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
     goto done;
   if (opts->baseline == FF_BASELINE_NONE) {
     /* Refine the best few with the integer program, then locally. */
-    for (int i = 0; i < scored.n && i < 3; i++) {
+    for (int i = 0; opts->ilp && i < scored.n && i < 3; i++) {
       ff_candidate refined;
       if (ff_milp_refine(&ctx, &scored.items[i], opts->milp_node_budget, &refined) == FF_OK) {
         if (refined.seconds < best.seconds) {
@@ -1264,10 +1326,15 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
 done:
   ff_candidate_free(&best);
   keep_free(&keep);
+  keep_free(&keep_part);
+  keep_free(&seeds);
   keep_free(&scored);
   free(units);
   free(costs);
-  free(ctx.node_order);
+  for (int i = 0; i < MAX_TYPES; i++)
+    ff_node_orders_free(&orders[i]);
+  free(part_of);
+  ff_graph_free(&ctx.graph);
   if (st != FF_OK && st != FF_ERR_INFEASIBLE)
     ff_search_result_free(res);
   return st;

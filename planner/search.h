@@ -58,6 +58,8 @@ typedef struct ff_search_opts {
   int local_moves;          /* candidate evaluations spent on local refinement */
   int keep;                 /* runner-ups reported */
   bool progress;            /* a progress line on stderr */
+  bool partition;           /* METIS partitions of the device graph as node orders */
+  bool ilp;                 /* the GLPK integer program on the best candidates */
 } ff_search_opts;
 
 typedef struct ff_search_result {

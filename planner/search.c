@@ -27,6 +27,7 @@
 #define N_MODES 3
 #define PARTITION_MAX_K 8 /* METIS partitions into 2..8 parts */
 #define PARTITION_SEEDS 2
+#define STRIPE_ORDERS_MAX_NODES 64 /* above it, no striped layouts over partition orders */
 
 struct ff_search_ctx {
   const ff_cluster *cluster;
@@ -502,34 +503,38 @@ static int layout_pipeline(const config *cf, int n_units, const int *part_of, in
   return 0;
 }
 
-/* Per-stage models of one pipeline for the layer split. */
-static void stage_models(const ff_search_ctx *ctx, const ff_candidate *c, const ff_cand_pipe *cp,
-                         const unit_cost *costs, int64_t m_est, stage_model *sms) {
-  int p = cp->n_stages;
-  for (int k = 0; k < p; k++) {
-    const unit_cost *uc = &costs[cp->stages[k].unit];
-    stage_model *sm = &sms[k];
-    int64_t in_flight = ff_sim_in_flight(ctx->training->schedule, p, k, m_est);
-    double fixed_bytes = 0;
-    sm->fixed_seconds = 0;
-    sm->end = k == 0 || k == p - 1;
-    if (k == 0) {
-      fixed_bytes += uc->embed_bytes;
-      sm->fixed_seconds += uc->embed_seconds;
-    }
-    if (k == p - 1) {
-      fixed_bytes += uc->head_bytes;
-      sm->fixed_seconds += uc->head_seconds;
-    }
-    for (int md = 0; md < N_MODES; md++) {
-      sm->tau[md] = uc->layer_seconds[md];
-      double per_layer = uc->state_bytes_per_layer + uc->act_bytes_per_layer[md] * (double)in_flight;
-      double room = uc->capacity_bytes - fixed_bytes - uc->buffer_bytes[md] -
-                    uc->slot_bytes * (double)in_flight;
-      sm->cap[md] = room > 0 ? floor(room / per_layer) : -1;
-    }
+/* The layer-split model of a unit of cost `uc` at stage k of p (1F1B: the micro-batches in
+ * flight there, the embedding on the first stage, the LM head on the last). */
+static stage_model stage_model_at(const ff_search_ctx *ctx, const unit_cost *uc, int k, int p,
+                                  int64_t m_est) {
+  stage_model sm;
+  int64_t in_flight = ff_sim_in_flight(ctx->training->schedule, p, k, m_est);
+  double fixed_bytes = 0;
+  sm.fixed_seconds = 0;
+  sm.end = k == 0 || k == p - 1;
+  if (k == 0) {
+    fixed_bytes += uc->embed_bytes;
+    sm.fixed_seconds += uc->embed_seconds;
   }
-  (void)c;
+  if (k == p - 1) {
+    fixed_bytes += uc->head_bytes;
+    sm.fixed_seconds += uc->head_seconds;
+  }
+  for (int md = 0; md < N_MODES; md++) {
+    sm.tau[md] = uc->layer_seconds[md];
+    double per_layer = uc->state_bytes_per_layer + uc->act_bytes_per_layer[md] * (double)in_flight;
+    double room = uc->capacity_bytes - fixed_bytes - uc->buffer_bytes[md] -
+                  uc->slot_bytes * (double)in_flight;
+    sm.cap[md] = room > 0 ? floor(room / per_layer) : -1;
+  }
+  return sm;
+}
+
+/* Per-stage models of one pipeline for the layer split. */
+static void stage_models(const ff_search_ctx *ctx, const ff_cand_pipe *cp, const unit_cost *costs,
+                         int64_t m_est, stage_model *sms) {
+  for (int k = 0; k < cp->n_stages; k++)
+    sms[k] = stage_model_at(ctx, &costs[cp->stages[k].unit], k, cp->n_stages, m_est);
 }
 
 /* Form the pipelines of a configuration and split layers and micro-batches. Returns the
@@ -629,7 +634,7 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
         reps[n_reps++] = j;
       else
         reps[j % 8] = j;
-      stage_models(ctx, c, cp, costs, m_est, sms);
+      stage_models(ctx, cp, costs, m_est, sms);
       bool ok;
       if (cf->equal_layers || cf->layers_by_memory) {
         double weight_sum = 0;
@@ -849,6 +854,8 @@ static double enumerate_shapes(enum_state *es, config *cf) {
       for (int lay = LAYOUT_STRIPED; lay <= LAYOUT_BLOCKED; lay++) {
         if (lay == LAYOUT_BLOCKED && (D == 1 || oi > 0))
           continue; /* one pipeline: both layouts are the same; blocked ignores parts */
+        if (oi > 0 && ctx->cluster->n_nodes > STRIPE_ORDERS_MAX_NODES)
+          continue; /* large clusters: the partitions' orders serve the parts layout only */
         cf->layout = (layout)lay;
         cf->n_pipes = D;
         double s = enumerate_batches(es, cf, n_units);
@@ -1000,8 +1007,8 @@ static bool try_move(ff_search_ctx *ctx, ff_candidate *best, ff_candidate *trial
   return false;
 }
 
-/* Move a layer between neighbouring stages of a pipeline (and of every pipeline built the same
- * way), lower a stage's recompute, swap the units of two stages, or move a micro-batch between
+/* Move a layer between two stages of a pipeline (and of every pipeline built the same way),
+ * lower a stage's recompute, swap the units of two stages, or move a micro-batch between
  * pipelines; the first
  * improvement is taken and the scan starts again. `best` changes on every improvement, so
  * nothing of it is held across a move. */
@@ -1009,9 +1016,10 @@ static void refine_locally(ff_search_ctx *ctx, ff_candidate *best, int budget) {
 restart:
   for (int j = 0; j < best->n_pipes && budget > 0; j++) {
     int n_stages = best->pipes[j].n_stages;
-    for (int k = 0; k + 1 < n_stages && budget > 0; k++)
-      for (int dir = 0; dir < 2; dir++) {
-        int from = dir ? k + 1 : k, to = dir ? k : k + 1;
+    for (int from = 0; from < n_stages && budget > 0; from++)
+      for (int to = 0; to < n_stages && budget > 0; to++) {
+        if (to == from)
+          continue;
         int64_t lf = best->pipes[j].stages[from].layers, lt = best->pipes[j].stages[to].layers;
         if (lf <= 1)
           continue;
@@ -1074,6 +1082,173 @@ restart:
       if (best->n_pipes > 8)
         break; /* on many pipelines, one partner per donor per round */
     }
+}
+
+/* ---- the integer program ---------------------------------------------------------------- */
+
+/* Pipelines j and j2 are built alike: the same kind of unit at every position, the same layers
+ * and recompute. Runs of such pipelines form one class of the program. */
+static bool same_shape(const ff_search_ctx *ctx, const ff_candidate *c, int a, int b) {
+  const ff_cand_pipe *x = &c->pipes[a], *y = &c->pipes[b];
+  if (x->n_stages != y->n_stages)
+    return false;
+  for (int k = 0; k < x->n_stages; k++)
+    if (!same_kind(ctx, &c->units[x->stages[k].unit], &c->units[y->stages[k].unit]) ||
+        x->stages[k].layers != y->stages[k].layers ||
+        x->stages[k].recompute != y->stages[k].recompute)
+      return false;
+  return true;
+}
+
+/* Fill class `cl` (arrays allocated here, freed by the caller through `mem`) from the run of
+ * pipelines starting at `first`. False when it has too many kinds or stages for the program. */
+static bool ilp_class(ff_search_ctx *ctx, const ff_candidate *c, int first, int n_pipes, int lo,
+                      int hi, ff_milp_class *cl, void **mem) {
+  const ff_cand_pipe *cp = &c->pipes[first];
+  int p = cp->n_stages, M = hi - lo + 1, Q = 0;
+  int *rep = malloc((size_t)p * sizeof *rep), *kind_of = malloc((size_t)p * sizeof *kind_of);
+  if (!rep || !kind_of) {
+    free(rep), free(kind_of);
+    return false;
+  }
+  for (int k = 0; k < p; k++) {
+    const ff_unit *u = &c->units[cp->stages[k].unit];
+    int q = 0;
+    while (q < Q && !same_kind(ctx, &c->units[rep[q]], u))
+      q++;
+    if (q == Q)
+      rep[Q++] = cp->stages[k].unit;
+    kind_of[k] = q;
+  }
+  size_t doubles = (size_t)Q * M + 2 * (size_t)p * Q * M + (size_t)p * Q;
+  size_t ints = (size_t)Q + 4 * (size_t)p;
+  size_t i64s = 2 * (size_t)p + 2 * (size_t)n_pipes;
+  char *block = calloc(1, doubles * sizeof(double) + i64s * sizeof(int64_t) + ints * sizeof(int));
+  if (!block) {
+    free(rep), free(kind_of);
+    return false;
+  }
+  *mem = block;
+  double *tau = (double *)block, *cap = tau + (size_t)Q * M, *fixed = cap + (size_t)p * Q * M;
+  int64_t *warm_layers = (int64_t *)(block + doubles * sizeof(double));
+  int64_t *layers = warm_layers + p, *warm_mb = layers + p, *mb = warm_mb + n_pipes;
+  int *kind_count = (int *)(mb + n_pipes), *warm_kind = kind_count + Q, *warm_mode = warm_kind + p;
+  int *kind = warm_mode + p, *mode = kind + p;
+  int64_t m_est = cp->micro_batches;
+  for (int q = 0; q < Q; q++) {
+    unit_cost uc = compute_unit_cost(ctx, &c->units[rep[q]], c->micro_batch_size, c->n_pipes);
+    for (int k = 0; k < p; k++) {
+      stage_model sm = stage_model_at(ctx, &uc, k, p, m_est);
+      for (int m = 0; m < M; m++) {
+        tau[q * M + m] = sm.tau[lo + m];
+        cap[((size_t)k * Q + q) * M + m] = sm.cap[lo + m];
+      }
+      fixed[(size_t)k * Q + q] = sm.fixed_seconds;
+    }
+  }
+  for (int k = 0; k < p; k++) {
+    kind_count[kind_of[k]]++;
+    warm_kind[k] = kind_of[k];
+    warm_mode[k] = (int)cp->stages[k].recompute - lo;
+    warm_layers[k] = cp->stages[k].layers;
+  }
+  for (int j = 0; j < n_pipes; j++)
+    warm_mb[j] = c->pipes[first + j].micro_batches;
+  *cl = (ff_milp_class){n_pipes, p, Q, M, kind_count, tau, cap, fixed, warm_kind, warm_mode,
+                        warm_layers, warm_mb, kind, mode, layers, mb};
+  free(rep), free(kind_of);
+  return true;
+}
+
+/* Apply a class's solution to its pipelines: each position takes the pipeline's next unused unit
+ * of the chosen kind, so units keep their order among their kind. */
+static bool ilp_apply(const ff_search_ctx *ctx, ff_candidate *out, int first, const ff_milp_class *cl,
+                      int lo) {
+  int p = cl->n_stages;
+  int *units = malloc((size_t)p * sizeof *units);
+  bool *used = malloc((size_t)p * sizeof *used);
+  bool ok = units && used;
+  for (int j = first; ok && j < first + cl->n_pipes; j++) {
+    ff_cand_pipe *cp = &out->pipes[j];
+    for (int k = 0; k < p; k++)
+      units[k] = cp->stages[k].unit, used[k] = false;
+    for (int k = 0; k < p && ok; k++) {
+      int pick = -1;
+      for (int i = 0; i < p && pick < 0; i++) {
+        if (used[i])
+          continue;
+        /* the unit's kind is that of the first pipeline's stage holding the same kind */
+        int q = cl->warm_kind[0];
+        for (int s = 0; s < p; s++)
+          if (same_kind(ctx, &out->units[units[i]], &out->units[out->pipes[first].stages[s].unit]))
+            q = cl->warm_kind[s];
+        if (q == cl->kind[k])
+          pick = i;
+      }
+      if (pick < 0) {
+        ok = false;
+        break;
+      }
+      used[pick] = true;
+      cp->stages[k].unit = units[pick];
+      cp->stages[k].layers = cl->layers[k];
+      cp->stages[k].recompute = (ff_recompute)(lo + cl->mode[k]);
+    }
+    cp->micro_batches = cl->micro_batches[j - first];
+  }
+  free(units), free(used);
+  return ok;
+}
+
+/* Refine a candidate with the integer program; `out` is scored with the full cost model.
+ * FF_ERR_INFEASIBLE when the program cannot be built or solved. */
+static ff_status ilp_refine(ff_search_ctx *ctx, const ff_candidate *from, int64_t node_budget,
+                            ff_candidate *out) {
+  int lo = 0, hi = N_MODES - 1;
+  if (ctx->training->recompute != FF_RECOMPUTE_AUTO)
+    lo = hi = (int)ctx->training->recompute;
+  int D = from->n_pipes;
+  ff_milp_class *classes = calloc((size_t)D, sizeof *classes);
+  int *firsts = calloc((size_t)D, sizeof *firsts);
+  void **mem = calloc((size_t)D, sizeof *mem);
+  ff_status st = FF_ERR_RUNTIME;
+  memset(out, 0, sizeof *out);
+  out->seconds = INFINITY;
+  int n = 0;
+  if (!classes || !firsts || !mem)
+    goto done;
+  int64_t N = 0;
+  for (int j = 0; j < D; j++)
+    N += from->pipes[j].micro_batches;
+  for (int j = 0; j < D;) {
+    int e = j + 1;
+    while (e < D && same_shape(ctx, from, j, e))
+      e++;
+    firsts[n] = j;
+    if (!ilp_class(ctx, from, j, e - j, lo, hi, &classes[n], &mem[n]))
+      goto done;
+    n++;
+    j = e;
+  }
+  ff_milp_problem prob = {classes, n, ctx->model->layers, N, node_budget, 0, 0, 0, 0};
+  st = ff_milp_solve(&prob);
+  if (st != FF_OK)
+    goto done;
+  st = ff_candidate_copy(from, out);
+  for (int c = 0; st == FF_OK && c < n; c++)
+    if (!ilp_apply(ctx, out, firsts[c], &classes[c], lo))
+      st = FF_ERR_INFEASIBLE;
+  if (st == FF_OK) {
+    ff_candidate_score(ctx, out);
+    st = isfinite(out->seconds) ? FF_OK : FF_ERR_INFEASIBLE;
+  }
+done:
+  for (int c = 0; mem && c < n; c++)
+    free(mem[c]);
+  if (st != FF_OK)
+    ff_candidate_free(out);
+  free(classes), free(firsts), free(mem);
+  return st;
 }
 
 /* ---- bounds and messages ---------------------------------------------------------------- */
@@ -1303,19 +1478,36 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   if (ff_candidate_copy(&scored.items[0], &best) != FF_OK)
     goto done;
   if (opts->baseline == FF_BASELINE_NONE) {
-    /* Refine the best few with the integer program, then locally. */
-    for (int i = 0; opts->ilp && i < scored.n && i < 3; i++) {
+    /* The three best distinct plans: each through the integer program (kept where it is
+     * better), then local moves; a greedy descent from the best start does not always end in
+     * the best local optimum, so each start gets its own. */
+    for (int i = 0, tried = 0; i < scored.n && tried < 3; i++) {
+      if (i > 0 && scored.items[i].seconds == scored.items[i - 1].seconds)
+        continue; /* the same plan reached from another order or list */
+      tried++;
+      ff_candidate start;
+      if (ff_candidate_copy(&scored.items[i], &start) != FF_OK)
+        goto done;
       ff_candidate refined;
-      if (ff_milp_refine(&ctx, &scored.items[i], opts->milp_node_budget, &refined) == FF_OK) {
-        if (refined.seconds < best.seconds) {
-          ff_candidate_free(&best);
-          best = refined;
+      if (opts->ilp &&
+          ilp_refine(&ctx, &scored.items[i], opts->milp_node_budget, &refined) == FF_OK) {
+        if (refined.seconds < start.seconds) {
+          snprintf(refined.summary + strlen(refined.summary),
+                   sizeof refined.summary - strlen(refined.summary), "; integer program");
+          ff_candidate_free(&start);
+          start = refined;
         } else {
           ff_candidate_free(&refined);
         }
       }
+      refine_locally(&ctx, &start, opts->local_moves);
+      if (start.seconds < best.seconds) {
+        ff_candidate_free(&best);
+        best = start;
+      } else {
+        ff_candidate_free(&start);
+      }
     }
-    refine_locally(&ctx, &best, opts->local_moves);
   }
   res->candidates = ctx.scored;
   res->idle_gpus = (int)cluster->total_gpus;
@@ -1346,31 +1538,3 @@ void ff_search_result_free(ff_search_result *r) {
   r->found = false;
 }
 
-/* For milp.c: per-stage surrogate inputs of a candidate. */
-ff_status ff_search_stage_costs(ff_search_ctx *ctx, const ff_candidate *c, int pipe,
-                                double *tau, double *fixed, double *cap) {
-  const ff_cand_pipe *cp = &c->pipes[pipe];
-  int p = cp->n_stages;
-  stage_model *sms = malloc((size_t)p * sizeof *sms);
-  if (!sms)
-    return FF_ERR_RUNTIME;
-  unit_cost *uc = calloc((size_t)c->n_units, sizeof *uc);
-  if (!uc) {
-    free(sms);
-    return FF_ERR_RUNTIME;
-  }
-  for (int k = 0; k < p; k++)
-    uc[cp->stages[k].unit] = compute_unit_cost(ctx, &c->units[cp->stages[k].unit], c->micro_batch_size, c->n_pipes);
-  stage_models(ctx, c, cp, uc, cp->micro_batches, sms);
-  for (int k = 0; k < p; k++) {
-    int md = (int)cp->stages[k].recompute;
-    tau[k] = sms[k].tau[md];
-    fixed[k] = sms[k].fixed_seconds;
-    cap[k] = sms[k].cap[md];
-  }
-  free(sms);
-  free(uc);
-  return FF_OK;
-}
-
-int64_t ff_search_model_layers(const ff_search_ctx *ctx) { return ctx->model->layers; }

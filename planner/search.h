@@ -78,7 +78,7 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
                     const ff_search_opts *opts, ff_search_result *result);
 void ff_search_result_free(ff_search_result *r);
 
-/* Building and scoring (shared with milp.c). */
+/* Building and scoring candidates. */
 typedef struct ff_search_ctx ff_search_ctx;
 ff_status ff_candidate_to_plan(const ff_search_ctx *ctx, const ff_candidate *c, ff_plan *out);
 double ff_candidate_score(ff_search_ctx *ctx, ff_candidate *c);

@@ -17,7 +17,7 @@ static double now_seconds(void) {
 
 static int usage_error(const char *msg) {
   fprintf(stderr, "ffplan plan: %s\nusage: ffplan plan --cluster C --model M --training T "
-          "[-o PLAN] [--baseline uniform|flashflex] [--quiet]\n", msg);
+          "[-o PLAN] [--baseline uniform|flashflex] [--without ilp|partition]... [--quiet]\n", msg);
   return FF_ERR_INPUT;
 }
 
@@ -39,7 +39,15 @@ int ffplan_cmd_plan(int argc, char **argv) {
       out = argv[++i];
     else if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0)
       quiet = true;
-    else if (strcmp(a, "--baseline") == 0 && has_value) {
+    else if (strcmp(a, "--without") == 0 && has_value) {
+      const char *v = argv[++i];
+      if (strcmp(v, "ilp") == 0)
+        opts.ilp = false;
+      else if (strcmp(v, "partition") == 0)
+        opts.partition = false;
+      else
+        return usage_error("--without expects ilp or partition");
+    } else if (strcmp(a, "--baseline") == 0 && has_value) {
       const char *b = argv[++i];
       if (strcmp(b, "uniform") == 0)
         opts.baseline = FF_BASELINE_UNIFORM;

@@ -1389,7 +1389,7 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   ff_status st = FF_ERR_RUNTIME;
   type_info types[MAX_TYPES];
   int n_types = type_infos(&ctx, types);
-  keep_list keep = {0}, keep_part = {0}, scored = {0}, seeds = {0};
+  keep_list keep = {0}, keep_part = {0}, scored = {0}, seeds[2] = {{0}};
   ff_unit *units = malloc((size_t)cluster->total_gpus * sizeof *units);
   unit_cost *costs = malloc((size_t)cluster->total_gpus * sizeof *costs);
   int *part_of = malloc((size_t)cluster->total_gpus * sizeof *part_of);
@@ -1423,7 +1423,9 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
     if (ff_partition_orders(&ctx.graph, active, opts->partition && opts->baseline != FF_BASELINE_UNIFORM,
                             PARTITION_MAX_K, PARTITION_SEEDS, &orders[idle]) != FF_OK)
       goto done;
-    es.orders = &orders[idle];
+    /* The uniform baseline lays ranks over the canonical order only (the first order). */
+    ff_node_orders canonical_only = {orders[idle].items, 1};
+    es.orders = opts->baseline == FF_BASELINE_UNIFORM ? &canonical_only : &orders[idle];
     enumerate_tp(&es, &base, types, n_types, opts->baseline);
     if (opts->progress)
       fprintf(stderr, "\rffplan: %lld configurations", (long long)es.configs);
@@ -1431,10 +1433,11 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   /* The planner's space contains the baselines' plans: their best shapes are candidates too,
    * so the result is never worse than either baseline. */
   if (opts->baseline == FF_BASELINE_NONE) {
-    if (!keep_init(&seeds, SURROGATE_KEEP))
+    if (!keep_init(&seeds[0], SURROGATE_KEEP) || !keep_init(&seeds[1], SURROGATE_KEEP))
       goto done;
-    es.keep = es.keep_part = &seeds;
     for (int b = FF_BASELINE_UNIFORM; b <= FF_BASELINE_FLASHFLEX; b++) {
+      es.keep = es.keep_part = &seeds[b - FF_BASELINE_UNIFORM]; /* one list each: neither
+                                                                  * crowds out the other */
       config base = base_config(types, n_types, by_speed, 0, (ff_baseline)b);
       /* The uniform baseline lays ranks over the canonical order only (the first order). */
       ff_node_orders canonical_only = {orders[0].items, 1};
@@ -1446,8 +1449,8 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
     fprintf(stderr, "\n");
 
   /* Phase 2: the full cost model on the best surrogates. */
-  for (int list = 0; list < 3; list++) {
-    keep_list *from = list == 0 ? &keep : list == 1 ? &keep_part : &seeds;
+  for (int list = 0; list < 4; list++) {
+    keep_list *from = list == 0 ? &keep : list == 1 ? &keep_part : &seeds[list - 2];
     for (int i = 0; i < from->n; i++) {
       ff_candidate *c = &from->items[i];
       describe(&ctx, &from->configs[i], c, c->summary, sizeof c->summary);
@@ -1458,7 +1461,6 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
       keep_insert(&scored, &copy, s, &from->configs[i]);
     }
   }
-  keep_free(&seeds);
   if (scored.n == 0) {
     explain_infeasible(&ctx, res->infeasible_why, sizeof res->infeasible_why);
     if (opts->baseline != FF_BASELINE_NONE) {
@@ -1519,7 +1521,8 @@ done:
   ff_candidate_free(&best);
   keep_free(&keep);
   keep_free(&keep_part);
-  keep_free(&seeds);
+  keep_free(&seeds[0]);
+  keep_free(&seeds[1]);
   keep_free(&scored);
   free(units);
   free(costs);

@@ -398,6 +398,73 @@ static void an_impossible_model_is_explained(void **state) {
   unload(&in);
 }
 
+/* Rewrite every network group of `c` as per-pair overrides with the group's link. */
+static void groups_as_overrides(ff_cluster *c) {
+  int n = 0;
+  for (int g = 0; g < c->n_groups; g++)
+    n += c->groups[g].n_nodes * (c->groups[g].n_nodes - 1) / 2;
+  ff_net_override *ov = realloc(c->overrides, (size_t)(c->n_overrides + n) * sizeof *ov);
+  assert_non_null(ov);
+  c->overrides = ov;
+  for (int g = 0; g < c->n_groups; g++)
+    for (int a = 0; a < c->groups[g].n_nodes; a++)
+      for (int b = a + 1; b < c->groups[g].n_nodes; b++)
+        c->overrides[c->n_overrides++] =
+            (ff_net_override){c->groups[g].nodes[a], c->groups[g].nodes[b], c->groups[g].link};
+  for (int i = 0; i < c->n_nodes; i++)
+    c->nodes[i].group = -1;
+  for (int g = 0; g < c->n_groups; g++)
+    free(c->groups[g].nodes);
+  c->n_groups = 0;
+}
+
+/* Reverse the node list (and every reference to a node index). */
+static void reverse_nodes(ff_cluster *c) {
+  int n = c->n_nodes;
+  for (int i = 0; i < n / 2; i++) {
+    ff_node t = c->nodes[i];
+    c->nodes[i] = c->nodes[n - 1 - i];
+    c->nodes[n - 1 - i] = t;
+  }
+  for (int g = 0; g < c->n_groups; g++)
+    for (int k = 0; k < c->groups[g].n_nodes; k++)
+      c->groups[g].nodes[k] = n - 1 - c->groups[g].nodes[k];
+  for (int i = 0; i < c->n_overrides; i++) {
+    c->overrides[i].node_a = n - 1 - c->overrides[i].node_a;
+    c->overrides[i].node_b = n - 1 - c->overrides[i].node_b;
+  }
+  for (int i = 0; i < n; i++)
+    c->node_by_name[i] = n - 1 - c->node_by_name[i];
+}
+
+static void a_network_written_as_overrides_or_reordered_gets_the_same_plan(void **state) {
+  (void)state;
+  static const char *const files[] = {"tests/data/planner/two-sites.json",
+                                      "profiles/clusters/datacenter-mixed.json"};
+  for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
+    double seconds[4];
+    for (int variant = 0; variant < 4; variant++) {
+      inputs in;
+      load(&in, files[f], "profiles/models/llama-2-7b.json", "profiles/training/flashflex.json");
+      if (variant & 1)
+        groups_as_overrides(&in.cluster);
+      if (variant & 2)
+        reverse_nodes(&in.cluster);
+      ff_search_opts opts;
+      ff_search_opts_default(&opts);
+      ff_search_result res;
+      seconds[variant] = plan_seconds(&in, &opts, &res);
+      printf("%s, %s%s: %.6f s\n", files[f], variant & 1 ? "groups as overrides" : "as written",
+             variant & 2 ? ", nodes reversed" : "", seconds[variant]);
+      assert_true(isfinite(seconds[variant]));
+      ff_search_result_free(&res);
+      unload(&in);
+    }
+    for (int variant = 1; variant < 4; variant++)
+      assert_true(fabs(seconds[variant] / seconds[0] - 1) <= 1e-3);
+  }
+}
+
 static void one_device_type_is_as_good_as_the_best_uniform_plan(void **state) {
   (void)state;
   static const char *const homogeneous[] = {"h100-8", "a100-pcie-2x8", "a100-pcie-4x8"};
@@ -427,6 +494,7 @@ int main(void) {
       cmocka_unit_test(same_inputs_give_the_same_bytes_and_node_order_does_not_matter),
       cmocka_unit_test(an_impossible_model_is_explained),
       cmocka_unit_test(one_device_type_is_as_good_as_the_best_uniform_plan),
+      cmocka_unit_test(a_network_written_as_overrides_or_reordered_gets_the_same_plan),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -238,6 +238,18 @@ static bool same_order(const ff_node_order *a, const ff_node_order *b) {
          memcmp(a->part, b->part, (size_t)a->n * sizeof *a->part) == 0;
 }
 
+/* The order just written at out->items[out->n] is kept (true) unless an earlier non-canonical
+ * order equals it; a duplicate is freed. */
+static bool keep_if_new(ff_node_orders *out, ff_node_order *o) {
+  for (int i = 1; i < out->n; i++)
+    if (same_order(&out->items[i], o)) {
+      free(o->order), free(o->part);
+      memset(o, 0, sizeof *o);
+      return false;
+    }
+  return true;
+}
+
 /* The link clusters as parts, without METIS: the top-level clusters (sites, racks) in
  * canonical order and reversed, and the finest clusters when there are more of them. */
 static bool add_cluster_orders(const ff_graph *g, const bool *active_device, ff_node_orders *out) {
@@ -275,11 +287,6 @@ static bool add_cluster_orders(const ff_graph *g, const bool *active_device, ff_
             order[at++] = o->order[i];
       memcpy(o->order, order, (size_t)n * sizeof *order);
       free(order);
-      at = 0;
-      for (int q = parts - 1; q >= 0; q--)
-        for (int i = 0; i < n; i++)
-          if (o->part[i] == q)
-            at++;
       int k = 0; /* parts renumbered along the new order */
       for (int q = parts - 1, first = 0; q >= 0; q--) {
         int count = 0;
@@ -293,14 +300,13 @@ static bool add_cluster_orders(const ff_graph *g, const bool *active_device, ff_
     }
     o->n = n;
     o->n_parts = parts;
-    bool dup = parts <= 1;
-    for (int i = 1; i < out->n && !dup; i++)
-      dup = same_order(&out->items[i], o);
-    if (dup) {
+    if (parts <= 1) { /* one cluster: the canonical order already covers it */
       free(o->order), free(o->part);
       memset(o, 0, sizeof *o);
       continue;
     }
+    if (!keep_if_new(out, o))
+      continue;
     snprintf(o->what, sizeof o->what, "%s",
              variant == 0 ? "link clusters" : variant == 1 ? "link clusters, slowest first"
                                                            : "finest link clusters");
@@ -349,14 +355,8 @@ ff_status ff_partition_orders(const ff_graph *g, const bool *active_device, bool
           memset(o, 0, sizeof *o);
           goto done;
         }
-        bool dup = false;
-        for (int i = 1; i < out->n && !dup; i++)
-          dup = same_order(&out->items[i], o);
-        if (dup) {
-          free(o->order), free(o->part);
-          memset(o, 0, sizeof *o);
+        if (!keep_if_new(out, o))
           continue;
-        }
         snprintf(o->what, sizeof o->what, "METIS k=%d seed %d", k, s);
         out->n++;
       }

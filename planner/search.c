@@ -1,13 +1,14 @@
 /* search.c — the planner's search (see search.h and docs/planner.md).
  *
- * Phase 1 enumerates configurations — device types left idle, a TP degree per device type,
- * pipeline count, layout (striped: each pipeline takes one unit from every node in turn, so the
- * DP peers of a stage share a node; blocked: each pipeline takes consecutive units), micro-batch
+ * Phase 1 enumerates configurations — device types left idle, a TP degree per device type, node
+ * order (the device graph's canonical order, link clusters, METIS partitions: graph.c,
+ * partition.c), layout (striped, blocked, one pipeline per part), pipeline count and micro-batch
  * size — and scores each with a cheap surrogate: per pipeline the layer split that minimises the
  * slowest stage under memory (exact, by bisection on the stage time), the micro-batch split that
  * minimises the closed-form pipeline time (exact, likewise), plus an estimate of the DP
  * all-reduce. Phase 2 scores the best surrogates with the full cost model and simulator, refines
- * the best with the GLPK program (milp.c) and local moves, and keeps runner-ups. */
+ * the three best distinct plans with the integer program (milp.c) and local moves, and keeps
+ * runner-ups. */
 #include "search.h"
 
 #include <math.h>

@@ -7,7 +7,8 @@
  * over the complement (only the pairs slower than the threshold are ever looked at); elsewhere
  * from the overrides and groups that reach the threshold. Siblings are ordered by what they hold
  * (compute, then GPUs, then memory), the nodes of a finest cluster along a greedy best-connected
- * path from its least-connected node. */
+ * path from its least-connected node, turned around where that joins it to its neighbours in the
+ * order by faster links. */
 #include "graph.h"
 
 #include <stdlib.h>
@@ -317,6 +318,36 @@ static bool order_rec(work *w, int *S, int n, int level, int depth) {
   return ok;
 }
 
+/* Turn each finest cluster's path around where that joins it to its neighbours in the order by
+ * faster links (left to right; a reversal must strictly gain bandwidth), so that a pipeline laid
+ * along the order crosses from one cluster to the next on the best link between them. */
+static void orient_leaves(ff_graph *g) {
+  int n = g->cluster->n_nodes;
+  for (int a = 0; a < n;) {
+    int b = a;
+    while (b < n && g->leaf_of[b] == g->leaf_of[a])
+      b++;
+    if (b - a > 1) {
+      double keep = 0, flip = 0;
+      if (a > 0) {
+        keep += ff_graph_link(g, g->order[a - 1], g->order[a]).bandwidth_gb_per_s;
+        flip += ff_graph_link(g, g->order[a - 1], g->order[b - 1]).bandwidth_gb_per_s;
+      }
+      if (b < n) {
+        keep += ff_graph_link(g, g->order[b - 1], g->order[b]).bandwidth_gb_per_s;
+        flip += ff_graph_link(g, g->order[a], g->order[b]).bandwidth_gb_per_s;
+      }
+      if (flip > keep)
+        for (int i = a, j = b - 1; i < j; i++, j--) {
+          int x = g->order[i];
+          g->order[i] = g->order[j];
+          g->order[j] = x;
+        }
+    }
+    a = b;
+  }
+}
+
 /* ---- building ---------------------------------------------------------------------------- */
 
 void ff_graph_free(ff_graph *g) {
@@ -379,6 +410,7 @@ ff_status ff_graph_build(const ff_cluster *c, ff_precision precision, ff_graph *
   /* At the slowest bandwidth every pair is joined: splitting starts one level up. */
   if (n > 0 && !order_rec(&w, all, n, 1, 0))
     goto done;
+  orient_leaves(g);
   st = FF_OK;
 done:
   free(idx), free(all);

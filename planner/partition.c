@@ -17,6 +17,7 @@
 
 #define COMPLETE_MAX_NODES 512
 #define GROUP_CLIQUE_MAX 256
+#define SUBSET_MAX_NODES 64
 
 void ff_node_orders_free(ff_node_orders *o) {
   for (int i = 0; i < o->n; i++)
@@ -315,11 +316,44 @@ static bool add_cluster_orders(const ff_graph *g, const bool *active_device, ff_
   return true;
 }
 
+/* Each part of the top-level link clusters (2 to 8 parts) and of the two-part METIS partitions
+ * as an order of its own (the other parts idle). The orders are appended; `out` has room. */
+static bool add_subset_orders(ff_node_orders *out) {
+  int n_before = out->n;
+  for (int i = 1; i < n_before; i++) {
+    const ff_node_order *from = &out->items[i];
+    bool clusters = strcmp(from->what, "link clusters") == 0;
+    bool halves = strncmp(from->what, "METIS k=2 ", 10) == 0;
+    if (!(clusters && from->n_parts <= 8) && !halves)
+      continue;
+    for (int q = 0; q < from->n_parts; q++) {
+      ff_node_order *o = &out->items[out->n];
+      o->order = malloc(((size_t)from->n + 1) * sizeof *o->order);
+      o->part = calloc((size_t)from->n + 1, sizeof *o->part);
+      if (!o->order || !o->part) {
+        free(o->order), free(o->part);
+        memset(o, 0, sizeof *o);
+        return false;
+      }
+      for (int k = 0; k < from->n; k++)
+        if (from->part[k] == q)
+          o->order[o->n++] = from->order[k];
+      o->n_parts = 1;
+      o->subset = true;
+      if (!keep_if_new(out, o))
+        continue;
+      snprintf(o->what, sizeof o->what, "part %d of the %s alone", q + 1, from->what);
+      out->n++;
+    }
+  }
+  return true;
+}
+
 ff_status ff_partition_orders(const ff_graph *g, const bool *active_device, bool use_metis,
                               int max_k, int n_seeds, ff_node_orders *out) {
   const ff_cluster *c = g->cluster;
   memset(out, 0, sizeof *out);
-  int cap = 4 + (use_metis ? (max_k > 1 ? max_k - 1 : 0) * n_seeds : 0);
+  int cap = 4 + 8 + 2 * n_seeds + (use_metis ? (max_k > 1 ? max_k - 1 : 0) * n_seeds : 0);
   out->items = calloc((size_t)cap, sizeof *out->items);
   int *nodes = malloc(((size_t)c->n_nodes + 1) * sizeof *nodes);
   idx_t *part = malloc(((size_t)c->n_nodes + 1) * sizeof *part);
@@ -361,6 +395,8 @@ ff_status ff_partition_orders(const ff_graph *g, const bool *active_device, bool
         out->n++;
       }
   }
+  if (c->n_nodes <= SUBSET_MAX_NODES && !add_subset_orders(out))
+    goto done;
   st = FF_OK;
 done:
   pgraph_free(&p);

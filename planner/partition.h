@@ -9,7 +9,9 @@
  * one pipeline per part (layout "parts": a part's units are the stages of its pipeline, so
  * pipelines differ in stage count and device mix and DP crosses the cut) or stripes pipelines
  * over it (layout "striped": consecutive stages in consecutive parts, so activations cross the
- * cut and DP stays inside a part). */
+ * cut and DP stays inside a part). On clusters of at most 64 nodes, each part of the top-level link
+ * clusters (up to 8 of them) and of the two-part METIS partitions also stands alone as an order,
+ * so a plan may leave a whole site or rack idle — not only whole device types. */
 #ifndef FF_PARTITION_H
 #define FF_PARTITION_H
 
@@ -21,7 +23,8 @@ typedef struct ff_node_order {
   int *order;   /* active nodes only, n of them */
   int *part;    /* part of order[i], nondecreasing */
   int n, n_parts;
-  char what[48]; /* "canonical", or "METIS k=4 seed 1" */
+  bool subset;   /* one part of another order alone: the rest of the cluster stays idle */
+  char what[64]; /* "canonical order", "METIS k=4 seed 1", "part 1 of METIS k=2 seed 1 alone" */
 } ff_node_order;
 
 typedef struct ff_node_orders {

@@ -414,13 +414,15 @@ double ff_candidate_score(ff_search_ctx *ctx, ff_candidate *c) {
 
 /* ---- building candidates from a configuration ------------------------------------------- */
 
-typedef enum layout { LAYOUT_STRIPED, LAYOUT_BLOCKED, LAYOUT_PARTS } layout;
-static const char *const layout_names[] = {"striped", "blocked", "one pipeline per part"};
+typedef enum layout { LAYOUT_STRIPED, LAYOUT_BLOCKED, LAYOUT_PARTS, LAYOUT_PREFIX } layout;
+static const char *const layout_names[] = {"striped", "blocked", "one pipeline per part",
+                                           "the first units, the rest idle"};
 
 typedef struct config {
   int tp[MAX_TYPES];      /* per device type; 0: the type is left idle */
   int n_pipes;
   layout layout;
+  int prefix_units; /* LAYOUT_PREFIX: one pipeline of this many units, the first of the order */
   const ff_node_order *order; /* the node order units follow (partition.h) */
   int64_t micro_batch_size;
   /* fixed splits, for the baselines: equal layers / layers by memory, equal batch */
@@ -492,6 +494,11 @@ static int layout_pipeline(const config *cf, int n_units, const int *part_of, in
       units_out[k] = first + k;
     return n;
   }
+  case LAYOUT_PREFIX:
+    for (int u = 0; u < cf->prefix_units && u < n_units; u++, n++)
+      if (units_out)
+        units_out[n] = u;
+    return n;
   case LAYOUT_PARTS:
     for (int u = 0; u < n_units; u++)
       if (part_of[u] == j) {
@@ -808,6 +815,7 @@ typedef struct enum_state {
   keep_list *keep;      /* the best surrogates over the canonical order */
   keep_list *keep_part; /* and over the partitions' orders, kept apart so that neither crowds
                          * out the other before the full model decides */
+  keep_list *keep_subset; /* and over single parts (the rest idle) */
   const ff_node_orders *orders; /* node orders of the device types in use */
   ff_unit *units;
   int *part_of;
@@ -829,7 +837,10 @@ static double enumerate_batches(enum_state *es, config *cf, int n_units) {
     double s = build_candidate(ctx, cf, es->units, n_units, es->part_of, es->costs, &c);
     if (s < best)
       best = s;
-    keep_insert(cf->order == &es->orders->items[0] ? es->keep : es->keep_part, &c, s, cf);
+    keep_list *to = cf->order == &es->orders->items[0] ? es->keep
+                    : cf->order->subset                 ? es->keep_subset
+                                                        : es->keep_part;
+    keep_insert(to, &c, s, cf);
   }
   return best;
 }
@@ -853,7 +864,7 @@ static double enumerate_shapes(enum_state *es, config *cf) {
         continue;
       last_D = D;
       for (int lay = LAYOUT_STRIPED; lay <= LAYOUT_BLOCKED; lay++) {
-        if (lay == LAYOUT_BLOCKED && (D == 1 || oi > 0))
+        if (lay == LAYOUT_BLOCKED && (D == 1 || (oi > 0 && !cf->order->subset)))
           continue; /* one pipeline: both layouts are the same; blocked ignores parts */
         if (oi > 0 && ctx->cluster->n_nodes > STRIPE_ORDERS_MAX_NODES)
           continue; /* large clusters: the partitions' orders serve the parts layout only */
@@ -863,6 +874,16 @@ static double enumerate_shapes(enum_state *es, config *cf) {
         if (s < best)
           best = s;
       }
+    }
+    /* One pipeline over the first units of the order, the rest idle: a fast island and its
+     * best-linked neighbours, without the slow remainder. */
+    for (int p = 2; oi == 0 && !cf->equal_batch && p < n_units && p <= ctx->model->layers; p++) {
+      cf->layout = LAYOUT_PREFIX;
+      cf->n_pipes = 1;
+      cf->prefix_units = p;
+      double s = enumerate_batches(es, cf, n_units);
+      if (s < best)
+        best = s;
     }
     if (cf->order->n_parts > 1 && !cf->equal_layers) {
       cf->layout = LAYOUT_PARTS;
@@ -1057,8 +1078,10 @@ restart:
           const ff_unit *u1 = &best->units[best->pipes[j1].stages[k1].unit];
           const ff_unit *u2 = &best->units[best->pipes[j2].stages[k2].unit];
           if (u1->device == u2->device && u1->tp == u2->tp &&
-              (u1->node == u2->node || ctx->cluster->nodes[u1->node].group ==
-                                           ctx->cluster->nodes[u2->node].group))
+              (u1->node == u2->node || (ctx->cluster->nodes[u1->node].group >= 0 &&
+                                        ctx->cluster->n_overrides == 0 &&
+                                        ctx->cluster->nodes[u1->node].group ==
+                                            ctx->cluster->nodes[u2->node].group)))
             continue; /* the same kind of unit in the same place: nothing changes */
           ff_candidate trial;
           if (ff_candidate_copy(best, &trial) != FF_OK)
@@ -1390,7 +1413,7 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   ff_status st = FF_ERR_RUNTIME;
   type_info types[MAX_TYPES];
   int n_types = type_infos(&ctx, types);
-  keep_list keep = {0}, keep_part = {0}, scored = {0}, seeds[2] = {{0}};
+  keep_list keep = {0}, keep_part = {0}, keep_subset = {0}, scored = {0}, seeds[2] = {{0}};
   ff_unit *units = malloc((size_t)cluster->total_gpus * sizeof *units);
   unit_cost *costs = malloc((size_t)cluster->total_gpus * sizeof *costs);
   int *part_of = malloc((size_t)cluster->total_gpus * sizeof *part_of);
@@ -1398,7 +1421,8 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   ff_candidate best = {0};
   best.seconds = INFINITY;
   if (!units || !costs || !part_of || !keep_init(&keep, SURROGATE_KEEP) ||
-      !keep_init(&keep_part, SURROGATE_KEEP) || !keep_init(&scored, SURROGATE_KEEP) ||
+      !keep_init(&keep_part, SURROGATE_KEEP) || !keep_init(&keep_subset, SURROGATE_KEEP) ||
+      !keep_init(&scored, SURROGATE_KEEP) ||
       ff_graph_build(cluster, training->precision, &ctx.graph) != FF_OK)
     goto done;
   ctx.node_order = ctx.graph.order;
@@ -1414,7 +1438,7 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
       by_speed[k] = by_speed[k - 1];
       by_speed[k - 1] = x;
     }
-  enum_state es = {.ctx = &ctx, .keep = &keep, .keep_part = &keep_part, .units = units, .part_of = part_of, .costs = costs};
+  enum_state es = {.ctx = &ctx, .keep = &keep, .keep_part = &keep_part, .keep_subset = &keep_subset, .units = units, .part_of = part_of, .costs = costs};
   int max_idle = opts->baseline == FF_BASELINE_NONE ? n_types - 1 : 0;
   for (int idle = 0; idle <= max_idle; idle++) {
     config base = base_config(types, n_types, by_speed, idle, opts->baseline);
@@ -1437,7 +1461,7 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
     if (!keep_init(&seeds[0], SURROGATE_KEEP) || !keep_init(&seeds[1], SURROGATE_KEEP))
       goto done;
     for (int b = FF_BASELINE_UNIFORM; b <= FF_BASELINE_FLASHFLEX; b++) {
-      es.keep = es.keep_part = &seeds[b - FF_BASELINE_UNIFORM]; /* one list each: neither
+      es.keep = es.keep_part = es.keep_subset = &seeds[b - FF_BASELINE_UNIFORM]; /* one list each: neither
                                                                   * crowds out the other */
       config base = base_config(types, n_types, by_speed, 0, (ff_baseline)b);
       /* The uniform baseline lays ranks over the canonical order only (the first order). */
@@ -1450,8 +1474,9 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
     fprintf(stderr, "\n");
 
   /* Phase 2: the full cost model on the best surrogates. */
-  for (int list = 0; list < 4; list++) {
-    keep_list *from = list == 0 ? &keep : list == 1 ? &keep_part : &seeds[list - 2];
+  keep_list *lists[] = {&keep, &keep_part, &keep_subset, &seeds[0], &seeds[1]};
+  for (int list = 0; list < 5; list++) {
+    keep_list *from = lists[list];
     for (int i = 0; i < from->n; i++) {
       ff_candidate *c = &from->items[i];
       describe(&ctx, &from->configs[i], c, c->summary, sizeof c->summary);
@@ -1514,14 +1539,16 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   }
   res->candidates = ctx.scored;
   res->idle_gpus = (int)cluster->total_gpus;
-  for (int u = 0; u < best.n_units; u++)
-    res->idle_gpus -= best.units[u].tp;
+  for (int j = 0; j < best.n_pipes; j++)
+    for (int k = 0; k < best.pipes[j].n_stages; k++)
+      res->idle_gpus -= best.units[best.pipes[j].stages[k].unit].tp;
   st = finish_plan(&ctx, &best, &scored, res);
   res->found = st == FF_OK;
 done:
   ff_candidate_free(&best);
   keep_free(&keep);
   keep_free(&keep_part);
+  keep_free(&keep_subset);
   keep_free(&seeds[0]);
   keep_free(&seeds[1]);
   keep_free(&scored);

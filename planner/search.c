@@ -28,7 +28,11 @@
 #define N_MODES 3
 #define PARTITION_MAX_K 8 /* METIS partitions into 2..8 parts */
 #define PARTITION_SEEDS 2
-#define STRIPE_ORDERS_MAX_NODES 64 /* above it, no striped layouts over partition orders */
+#define STRIPE_ORDERS_MAX_NODES 64
+/* Above this many layers the integer program is not run: with layer counts in the thousands
+ * GLPK's LP at a branch node can take minutes (10,000 layers on 32 GPUs did not finish in two),
+ * and the local moves and exact layer split serve alone. */
+#define ILP_MAX_LAYERS 1024 /* above it, no striped layouts over partition orders */
 
 struct ff_search_ctx {
   const ff_cluster *cluster;
@@ -1110,6 +1114,12 @@ restart:
 
 /* ---- the integer program ---------------------------------------------------------------- */
 
+/* Units of one kind for the integer program: the same unit, or units whose costs agree
+ * (same_kind compares units at island boundaries only, so it is not reflexive on the others). */
+static bool ilp_same_kind(const ff_search_ctx *ctx, const ff_candidate *c, int a, int b) {
+  return a == b || same_kind(ctx, &c->units[a], &c->units[b]);
+}
+
 /* Pipelines j and j2 are built alike: the same kind of unit at every position, the same layers
  * and recompute. Runs of such pipelines form one class of the program. */
 static bool same_shape(const ff_search_ctx *ctx, const ff_candidate *c, int a, int b) {
@@ -1117,7 +1127,7 @@ static bool same_shape(const ff_search_ctx *ctx, const ff_candidate *c, int a, i
   if (x->n_stages != y->n_stages)
     return false;
   for (int k = 0; k < x->n_stages; k++)
-    if (!same_kind(ctx, &c->units[x->stages[k].unit], &c->units[y->stages[k].unit]) ||
+    if (!ilp_same_kind(ctx, c, x->stages[k].unit, y->stages[k].unit) ||
         x->stages[k].layers != y->stages[k].layers ||
         x->stages[k].recompute != y->stages[k].recompute)
       return false;
@@ -1136,9 +1146,8 @@ static bool ilp_class(ff_search_ctx *ctx, const ff_candidate *c, int first, int 
     return false;
   }
   for (int k = 0; k < p; k++) {
-    const ff_unit *u = &c->units[cp->stages[k].unit];
     int q = 0;
-    while (q < Q && !same_kind(ctx, &c->units[rep[q]], u))
+    while (q < Q && !ilp_same_kind(ctx, c, rep[q], cp->stages[k].unit))
       q++;
     if (q == Q)
       rep[Q++] = cp->stages[k].unit;
@@ -1189,26 +1198,27 @@ static bool ilp_class(ff_search_ctx *ctx, const ff_candidate *c, int first, int 
 static bool ilp_apply(const ff_search_ctx *ctx, ff_candidate *out, int first, const ff_milp_class *cl,
                       int lo) {
   int p = cl->n_stages;
-  int *units = malloc((size_t)p * sizeof *units);
+  int *units = malloc((size_t)p * sizeof *units), *kind_of = malloc((size_t)p * sizeof *kind_of);
+  int *ref = malloc((size_t)p * sizeof *ref); /* the first pipeline's units as they were */
   bool *used = malloc((size_t)p * sizeof *used);
-  bool ok = units && used;
+  bool ok = units && kind_of && ref && used;
+  for (int k = 0; ok && k < p; k++)
+    ref[k] = out->pipes[first].stages[k].unit;
   for (int j = first; ok && j < first + cl->n_pipes; j++) {
     ff_cand_pipe *cp = &out->pipes[j];
-    for (int k = 0; k < p; k++)
+    for (int k = 0; k < p; k++) {
       units[k] = cp->stages[k].unit, used[k] = false;
+      /* a unit's kind is the warm kind of the first pipeline's stage of the same kind */
+      kind_of[k] = -1;
+      for (int s = 0; s < p && kind_of[k] < 0; s++)
+        if (ilp_same_kind(ctx, out, units[k], ref[s]))
+          kind_of[k] = cl->warm_kind[s];
+    }
     for (int k = 0; k < p && ok; k++) {
       int pick = -1;
-      for (int i = 0; i < p && pick < 0; i++) {
-        if (used[i])
-          continue;
-        /* the unit's kind is that of the first pipeline's stage holding the same kind */
-        int q = cl->warm_kind[0];
-        for (int s = 0; s < p; s++)
-          if (same_kind(ctx, &out->units[units[i]], &out->units[out->pipes[first].stages[s].unit]))
-            q = cl->warm_kind[s];
-        if (q == cl->kind[k])
+      for (int i = 0; i < p && pick < 0; i++)
+        if (!used[i] && kind_of[i] == cl->kind[k])
           pick = i;
-      }
       if (pick < 0) {
         ok = false;
         break;
@@ -1220,7 +1230,7 @@ static bool ilp_apply(const ff_search_ctx *ctx, ff_candidate *out, int first, co
     }
     cp->micro_batches = cl->micro_batches[j - first];
   }
-  free(units), free(used);
+  free(units), free(kind_of), free(ref), free(used);
   return ok;
 }
 
@@ -1228,6 +1238,8 @@ static bool ilp_apply(const ff_search_ctx *ctx, ff_candidate *out, int first, co
  * FF_ERR_INFEASIBLE when the program cannot be built or solved. */
 static ff_status ilp_refine(ff_search_ctx *ctx, const ff_candidate *from, int64_t node_budget,
                             ff_candidate *out) {
+  if (ctx->model->layers > ILP_MAX_LAYERS)
+    return FF_ERR_INFEASIBLE; /* see ILP_MAX_LAYERS */
   int lo = 0, hi = N_MODES - 1;
   if (ctx->training->recompute != FF_RECOMPUTE_AUTO)
     lo = hi = (int)ctx->training->recompute;

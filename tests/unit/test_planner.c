@@ -465,6 +465,28 @@ static void a_network_written_as_overrides_or_reordered_gets_the_same_plan(void 
   }
 }
 
+/* The integer program finds what the local moves alone do not: on flashflex-c with Llama-2 13B
+ * it reorders and resizes the stages of a class of pipelines jointly (1.2 % faster). */
+static void the_integer_program_finds_a_plan_the_local_moves_miss(void **state) {
+  (void)state;
+  inputs in;
+  load(&in, "profiles/clusters/flashflex-c.json", "profiles/models/llama-2-13b.json",
+       "profiles/training/flashflex.json");
+  ff_search_opts opts;
+  ff_search_opts_default(&opts);
+  ff_search_result with, without;
+  double t_with = plan_seconds(&in, &opts, &with);
+  opts.ilp = false;
+  double t_without = plan_seconds(&in, &opts, &without);
+  printf("flashflex-c llama-2-13b: %.4f s with the integer program, %.4f s without\n", t_with,
+         t_without);
+  assert_true(isfinite(t_with) && isfinite(t_without));
+  assert_true(t_with < t_without * (1 - 1e-3));
+  ff_search_result_free(&with);
+  ff_search_result_free(&without);
+  unload(&in);
+}
+
 static void one_device_type_is_as_good_as_the_best_uniform_plan(void **state) {
   (void)state;
   static const char *const homogeneous[] = {"h100-8", "a100-pcie-2x8", "a100-pcie-4x8"};
@@ -495,6 +517,7 @@ int main(void) {
       cmocka_unit_test(an_impossible_model_is_explained),
       cmocka_unit_test(one_device_type_is_as_good_as_the_best_uniform_plan),
       cmocka_unit_test(a_network_written_as_overrides_or_reordered_gets_the_same_plan),
+      cmocka_unit_test(the_integer_program_finds_a_plan_the_local_moves_miss),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

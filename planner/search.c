@@ -32,7 +32,9 @@
 /* Above this many layers the integer program is not run: with layer counts in the thousands
  * GLPK's LP at a branch node can take minutes (10,000 layers on 32 GPUs did not finish in two),
  * and the local moves and exact layer split serve alone. */
-#define ILP_MAX_LAYERS 1024 /* above it, no striped layouts over partition orders */
+#define ILP_MAX_LAYERS 1024
+/* Nor above this many stage-kind-mode columns (thousands of pipeline classes at 100,000 GPUs). */
+#define ILP_MAX_COLUMNS 20000 /* above it, no striped layouts over partition orders */
 
 struct ff_search_ctx {
   const ff_cluster *cluster;
@@ -1265,6 +1267,13 @@ static ff_status ilp_refine(ff_search_ctx *ctx, const ff_candidate *from, int64_
       goto done;
     n++;
     j = e;
+  }
+  int64_t columns = 0; /* the program's size, bounded like its node count */
+  for (int c = 0; c < n; c++)
+    columns += (int64_t)classes[c].n_stages * classes[c].n_kinds * (2 * classes[c].n_modes + 1);
+  if (columns > ILP_MAX_COLUMNS) {
+    st = FF_ERR_INFEASIBLE;
+    goto done;
   }
   ff_milp_problem prob = {classes, n, ctx->model->layers, N, node_budget, 0, 0, 0, 0};
   st = ff_milp_solve(&prob);

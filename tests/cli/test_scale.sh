@@ -60,7 +60,7 @@ expect 2 "100000 GPUs and 10000 layers .* the planner handles at most 16777216" 
   --cluster "$tmp/c100k.json" --model "$tmp/layers10k.json" \
   --training profiles/training/pretrain.json -o "$tmp/p.json"
 [ -e "$tmp/p.json" ] && fail "a refused plan left a file"
-# ... and planned (a minute in the plain build; the sanitized build skips this one).
+# ... and planned (about 2.4 minutes in the plain build; the sanitized build skips this one).
 if [ "$mode" = plain ]; then
   expect 0 "ranks in .* pipelines, predicted" -- "$ffplan" plan --cluster "$tmp/c100k.json" \
     --model profiles/models/llama-2-70b.json --training profiles/training/pretrain.json \

@@ -914,11 +914,75 @@ static void enumerate_uniform_modes(enum_state *es, config *cf, bool uniform_mod
   }
 }
 
+/* TP per device type, each from its options up to max_tp: the whole product when it is small,
+ * else coordinate descent from every type at TP 1. `mode`: one recompute mode for every stage, or
+ * -1 for a free choice per stage. */
+static void enumerate_tp_choices(enum_state *es, const config *base, const type_info *types,
+                                 int n_types, int max_tp, int mode) {
+  int n_opt[MAX_TYPES];
+  int64_t product = 1;
+  for (int i = 0; i < n_types; i++) {
+    n_opt[i] = 0;
+    while (n_opt[i] < types[i].n_tp && types[i].tp_options[n_opt[i]] <= max_tp)
+      n_opt[i]++;
+    if (base->tp[types[i].device])
+      product *= n_opt[i];
+  }
+  if (product <= 16) {
+    int idx[MAX_TYPES] = {0};
+    for (;;) {
+      config cf = *base;
+      for (int i = 0; i < n_types; i++)
+        if (cf.tp[types[i].device])
+          cf.tp[types[i].device] = types[i].tp_options[idx[i]];
+      cf.uniform_mode = mode;
+      enumerate_shapes(es, &cf);
+      int i = 0;
+      while (i < n_types) {
+        if (base->tp[types[i].device] && ++idx[i] < n_opt[i])
+          break;
+        idx[i] = 0;
+        i++;
+      }
+      if (i == n_types)
+        break;
+    }
+    return;
+  }
+  config cur = *base;
+  for (int i = 0; i < n_types; i++)
+    if (cur.tp[types[i].device])
+      cur.tp[types[i].device] = 1;
+  cur.uniform_mode = mode;
+  double cur_best = enumerate_shapes(es, &cur);
+  for (int pass = 0; pass < 3; pass++) {
+    bool improved = false;
+    for (int i = 0; i < n_types; i++) {
+      int d = types[i].device;
+      if (!cur.tp[d])
+        continue;
+      for (int k = 0; k < n_opt[i]; k++) {
+        if (types[i].tp_options[k] == cur.tp[d])
+          continue;
+        config cf = cur;
+        cf.tp[d] = types[i].tp_options[k];
+        double s = enumerate_shapes(es, &cf);
+        if (s < cur_best) {
+          cur_best = s;
+          cur = cf;
+          improved = true;
+        }
+      }
+    }
+    if (!improved)
+      break;
+  }
+}
+
 /* TP per device type: the whole product when it is small, else coordinate descent from every
  * type at TP 1. */
 static void enumerate_tp(enum_state *es, config *base, type_info *types, int n_types,
                          ff_baseline baseline) {
-  ff_search_ctx *ctx = es->ctx;
   if (baseline == FF_BASELINE_UNIFORM) {
     /* One TP degree everywhere: those every active type offers. */
     for (int t = 1; t <= 1024; t *= 2) {
@@ -942,78 +1006,13 @@ static void enumerate_tp(enum_state *es, config *base, type_info *types, int n_t
     return;
   }
   if (baseline == FF_BASELINE_FLASHFLEX) {
-    /* FlashFlex picks TP per machine from a fixed table: the largest degree inside one fast-link
-     * island (1 on PCIe-only machines). */
-    config cf = *base;
-    for (int i = 0; i < n_types; i++) {
-      int d = types[i].device;
-      if (!cf.tp[d])
-        continue;
-      int island = 1 << 30;
-      for (int n = 0; n < ctx->cluster->n_nodes; n++)
-        if (ctx->cluster->nodes[n].device == d && ctx->cluster->nodes[n].island_gpus < island)
-          island = ctx->cluster->nodes[n].island_gpus;
-      int t = 1;
-      for (int k = 0; k < types[i].n_tp; k++)
-        if (types[i].tp_options[k] <= island)
-          t = types[i].tp_options[k];
-      cf.tp[d] = t;
-    }
-    enumerate_uniform_modes(es, &cf, true);
+    /* FlashFlex's released planner splits each machine's share of a pipeline into TP groups of
+     * 1, 2, 4 or 8 GPUs from a fixed table and always recomputes activations: the best over
+     * TP degrees up to 8 per device type, full recompute (docs/planner.md, The baselines). */
+    enumerate_tp_choices(es, base, types, n_types, 8, FF_RECOMPUTE_FULL);
     return;
   }
-  int64_t product = 1;
-  for (int i = 0; i < n_types; i++)
-    if (base->tp[types[i].device])
-      product *= types[i].n_tp;
-  if (product <= 16) {
-    int idx[MAX_TYPES] = {0};
-    for (;;) {
-      config cf = *base;
-      for (int i = 0; i < n_types; i++)
-        if (cf.tp[types[i].device])
-          cf.tp[types[i].device] = types[i].tp_options[idx[i]];
-      enumerate_uniform_modes(es, &cf, false);
-      int i = 0;
-      while (i < n_types) {
-        if (base->tp[types[i].device] && ++idx[i] < types[i].n_tp)
-          break;
-        idx[i] = 0;
-        i++;
-      }
-      if (i == n_types)
-        break;
-    }
-    return;
-  }
-  config cur = *base;
-  for (int i = 0; i < n_types; i++)
-    if (cur.tp[types[i].device])
-      cur.tp[types[i].device] = 1;
-  cur.uniform_mode = -1;
-  double cur_best = enumerate_shapes(es, &cur);
-  for (int pass = 0; pass < 3; pass++) {
-    bool improved = false;
-    for (int i = 0; i < n_types; i++) {
-      int d = types[i].device;
-      if (!cur.tp[d])
-        continue;
-      for (int k = 0; k < types[i].n_tp; k++) {
-        if (types[i].tp_options[k] == cur.tp[d])
-          continue;
-        config cf = cur;
-        cf.tp[d] = types[i].tp_options[k];
-        double s = enumerate_shapes(es, &cf);
-        if (s < cur_best) {
-          cur_best = s;
-          cur = cf;
-          improved = true;
-        }
-      }
-    }
-    if (!improved)
-      break;
-  }
+  enumerate_tp_choices(es, base, types, n_types, 1 << 30, -1);
 }
 
 /* ---- local refinement ------------------------------------------------------------------- */
@@ -1517,7 +1516,7 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
                opts->baseline == FF_BASELINE_UNIFORM ? "uniform" : "FlashFlex",
                opts->baseline == FF_BASELINE_UNIFORM
                    ? "one TP degree, one stage count, equal layers, equal batch"
-                   : "TP per machine from a fixed table, layers by memory, equal batch",
+                   : "TP 1 to 8 per device type, full recompute, layers by memory, equal batch",
                res->infeasible_why);
       snprintf(res->infeasible_why, sizeof res->infeasible_why, "%s", why);
     }

@@ -82,7 +82,9 @@ static bool build_pgraph(const ff_graph *g, const int *nodes, int n, pgraph *p) 
   if (ok && n <= COMPLETE_MAX_NODES) {
     for (int i = 0; ok && i < n; i++)
       for (int j = i + 1; ok && j < n; j++)
-        ok = edge_add(&e, i, j, scaled_weight(ff_graph_link(g, nodes[i], nodes[j]).bandwidth_gb_per_s, bw_max));
+        ok = edge_add(&e, i, j,
+                      scaled_weight(ff_graph_link(g, nodes[i], nodes[j]).bandwidth_gb_per_s,
+                                    bw_max));
   } else if (ok) {
     for (int i = 0; ok && i < g->n_ov; i++) {
       int a = pos[g->ov_a[i]], b = pos[g->ov_b[i]];
@@ -94,7 +96,9 @@ static bool build_pgraph(const ff_graph *g, const int *nodes, int n, pgraph *p) 
       if (grp->link.bandwidth_gb_per_s <= slowest)
         continue;
       for (int x = 0; ok && x < grp->n_nodes; x++)
-        for (int y = x + 1; ok && y < grp->n_nodes && (grp->n_nodes <= GROUP_CLIQUE_MAX || y == x + 1); y++) {
+        for (int y = x + 1; ok && y < grp->n_nodes; y++) {
+          if (grp->n_nodes > GROUP_CLIQUE_MAX && y > x + 1)
+            break; /* a chain */
           int a = pos[grp->nodes[x]], b = pos[grp->nodes[y]];
           if (a < 0 || b < 0)
             continue;
@@ -104,8 +108,9 @@ static bool build_pgraph(const ff_graph *g, const int *nodes, int n, pgraph *p) 
         }
     }
   }
-  /* An edge may have been listed twice (an override inside a group): CSR keeps both, METIS
-   * accepts no duplicates, so sum them away by sorting each adjacency list. */
+  /* An edge may have been listed twice (an override inside a group, once as the override and once
+   * in the group's clique; both carry the pair's link): METIS accepts no duplicates, so each
+   * adjacency list is sorted and a repeated neighbour is kept once. */
   p->n = n;
   p->xadj = calloc((size_t)n + 1, sizeof *p->xadj);
   p->adjncy = malloc((2 * e.n + 1) * sizeof *p->adjncy);
@@ -153,7 +158,8 @@ static bool build_pgraph(const ff_graph *g, const int *nodes, int n, pgraph *p) 
     const ff_device *dev = &c->devices[nd->device];
     double tflops = ff_peak_flops(dev, g->precision) * 1e-12 * nd->gpus;
     p->vwgt[2 * i] = tflops < 1 ? 1 : (idx_t)llround(tflops);
-    p->vwgt[2 * i + 1] = dev->memory_gib * nd->gpus < 1 ? 1 : (idx_t)llround(dev->memory_gib * nd->gpus);
+    double gib = dev->memory_gib * nd->gpus;
+    p->vwgt[2 * i + 1] = gib < 1 ? 1 : (idx_t)llround(gib);
   }
   free(e.u), free(e.v), free(e.w), free(pos);
   if (!ok)
@@ -169,10 +175,11 @@ static bool metis_parts(pgraph *p, idx_t k, idx_t seed, idx_t *part) {
   options[METIS_OPTION_NUMBERING] = 0;
   idx_t ncon = 2, objval = 0, n = p->n;
   real_t ubvec[2] = {1.05f, 1.5f};
-  int rc = k <= 8 ? METIS_PartGraphRecursive(&n, &ncon, p->xadj, p->adjncy, p->vwgt, NULL, p->adjwgt,
-                                             &k, NULL, ubvec, options, &objval, part)
-                  : METIS_PartGraphKway(&n, &ncon, p->xadj, p->adjncy, p->vwgt, NULL, p->adjwgt, &k,
-                                        NULL, ubvec, options, &objval, part);
+  int (*partition)(idx_t *, idx_t *, idx_t *, idx_t *, idx_t *, idx_t *, idx_t *, idx_t *,
+                   real_t *, real_t *, idx_t *, idx_t *, idx_t *) =
+      k <= 8 ? METIS_PartGraphRecursive : METIS_PartGraphKway;
+  int rc = partition(&n, &ncon, p->xadj, p->adjncy, p->vwgt, NULL, p->adjwgt, &k, NULL, ubvec,
+                     options, &objval, part);
   if (rc != METIS_OK)
     return false;
   for (idx_t q = 0; q < k; q++) {
@@ -275,29 +282,22 @@ static bool add_cluster_orders(const ff_graph *g, const bool *active_device, ff_
       o->order[n] = g->order[i];
       o->part[n++] = parts - 1;
     }
-    if (variant == 1) { /* the top-level clusters in reverse: slowest first */
-      int *order = malloc(((size_t)n + 1) * sizeof *order), at = 0;
-      if (!order) {
+    if (variant == 1) { /* the top-level clusters in reverse (slowest first), each kept as is */
+      int *tmp = malloc(2 * ((size_t)n + 1) * sizeof *tmp), at = 0;
+      if (!tmp) {
         free(o->order), free(o->part);
         memset(o, 0, sizeof *o);
         return false;
       }
       for (int q = parts - 1; q >= 0; q--)
         for (int i = 0; i < n; i++)
-          if (o->part[i] == q)
-            order[at++] = o->order[i];
-      memcpy(o->order, order, (size_t)n * sizeof *order);
-      free(order);
-      int k = 0; /* parts renumbered along the new order */
-      for (int q = parts - 1, first = 0; q >= 0; q--) {
-        int count = 0;
-        for (int i = 0; i < n; i++)
-          count += o->part[i] == q;
-        for (int i = 0; i < count; i++)
-          o->part[first + i] = k;
-        first += count;
-        k++;
-      }
+          if (o->part[i] == q) {
+            tmp[at] = o->order[i];
+            tmp[n + 1 + at++] = parts - 1 - q;
+          }
+      memcpy(o->order, tmp, (size_t)n * sizeof *tmp);
+      memcpy(o->part, tmp + n + 1, (size_t)n * sizeof *tmp);
+      free(tmp);
     }
     o->n = n;
     o->n_parts = parts;

@@ -28,13 +28,13 @@
 #define N_MODES 3
 #define PARTITION_MAX_K 8 /* METIS partitions into 2..8 parts */
 #define PARTITION_SEEDS 2
-#define STRIPE_ORDERS_MAX_NODES 64
+#define STRIPE_ORDERS_MAX_NODES 64 /* above it, no striped layouts over partition orders */
 /* Above this many layers the integer program is not run: with layer counts in the thousands
  * GLPK's LP at a branch node can take minutes (10,000 layers on 32 GPUs did not finish in two),
  * and the local moves and exact layer split serve alone. */
 #define ILP_MAX_LAYERS 1024
 /* Nor above this many stage-kind-mode columns (thousands of pipeline classes at 100,000 GPUs). */
-#define ILP_MAX_COLUMNS 20000 /* above it, no striped layouts over partition orders */
+#define ILP_MAX_COLUMNS 20000
 
 struct ff_search_ctx {
   const ff_cluster *cluster;
@@ -42,7 +42,6 @@ struct ff_search_ctx {
   const ff_training *training;
   ff_search_opts opts;
   ff_graph graph;  /* the device graph: links and the canonical node order */
-  const int *node_order; /* canonical order (graph.h) */
   int64_t scored;  /* full evaluations */
 };
 
@@ -483,7 +482,8 @@ static int make_units(const ff_search_ctx *ctx, const config *cf, ff_unit *units
 
 /* Stages of pipeline j and their units under the configuration's layout (part_of: see
  * make_units). Returns the stage count; with `units_out` NULL only counts. */
-static int layout_pipeline(const config *cf, int n_units, const int *part_of, int j, int *units_out) {
+static int layout_pipeline(const config *cf, int n_units, const int *part_of, int j,
+                           int *units_out) {
   int D = cf->n_pipes, n = 0;
   switch (cf->layout) {
   case LAYOUT_STRIPED:
@@ -902,12 +902,8 @@ static double enumerate_shapes(enum_state *es, config *cf) {
   return best;
 }
 
-static void enumerate_uniform_modes(enum_state *es, config *cf, bool uniform_modes) {
-  if (!uniform_modes) {
-    cf->uniform_mode = -1;
-    enumerate_shapes(es, cf);
-    return;
-  }
+/* Every recompute mode in turn, one for every stage (the uniform baseline). */
+static void enumerate_uniform_modes(enum_state *es, config *cf) {
   for (int md = 0; md < N_MODES; md++) {
     cf->uniform_mode = md;
     enumerate_shapes(es, cf);
@@ -1001,7 +997,7 @@ static void enumerate_tp(enum_state *es, config *base, type_info *types, int n_t
       for (int i = 0; i < n_types; i++)
         if (cf.tp[types[i].device])
           cf.tp[types[i].device] = t;
-      enumerate_uniform_modes(es, &cf, true);
+      enumerate_uniform_modes(es, &cf);
     }
     return;
   }
@@ -1136,7 +1132,7 @@ static bool same_shape(const ff_search_ctx *ctx, const ff_candidate *c, int a, i
 }
 
 /* Fill class `cl` (arrays allocated here, freed by the caller through `mem`) from the run of
- * pipelines starting at `first`. False when it has too many kinds or stages for the program. */
+ * pipelines starting at `first`. False on allocation failure. */
 static bool ilp_class(ff_search_ctx *ctx, const ff_candidate *c, int first, int n_pipes, int lo,
                       int hi, ff_milp_class *cl, void **mem) {
   const ff_cand_pipe *cp = &c->pipes[first];
@@ -1196,8 +1192,8 @@ static bool ilp_class(ff_search_ctx *ctx, const ff_candidate *c, int first, int 
 
 /* Apply a class's solution to its pipelines: each position takes the pipeline's next unused unit
  * of the chosen kind, so units keep their order among their kind. */
-static bool ilp_apply(const ff_search_ctx *ctx, ff_candidate *out, int first, const ff_milp_class *cl,
-                      int lo) {
+static bool ilp_apply(const ff_search_ctx *ctx, ff_candidate *out, int first,
+                      const ff_milp_class *cl, int lo) {
   int p = cl->n_stages;
   int *units = malloc((size_t)p * sizeof *units), *kind_of = malloc((size_t)p * sizeof *kind_of);
   int *ref = malloc((size_t)p * sizeof *ref); /* the first pipeline's units as they were */
@@ -1239,6 +1235,8 @@ static bool ilp_apply(const ff_search_ctx *ctx, ff_candidate *out, int first, co
  * FF_ERR_INFEASIBLE when the program cannot be built or solved. */
 static ff_status ilp_refine(ff_search_ctx *ctx, const ff_candidate *from, int64_t node_budget,
                             ff_candidate *out) {
+  memset(out, 0, sizeof *out);
+  out->seconds = INFINITY;
   if (ctx->model->layers > ILP_MAX_LAYERS)
     return FF_ERR_INFEASIBLE; /* see ILP_MAX_LAYERS */
   int lo = 0, hi = N_MODES - 1;
@@ -1249,8 +1247,6 @@ static ff_status ilp_refine(ff_search_ctx *ctx, const ff_candidate *from, int64_
   int *firsts = calloc((size_t)D, sizeof *firsts);
   void **mem = calloc((size_t)D, sizeof *mem);
   ff_status st = FF_ERR_RUNTIME;
-  memset(out, 0, sizeof *out);
-  out->seconds = INFINITY;
   int n = 0;
   if (!classes || !firsts || !mem)
     goto done;
@@ -1426,6 +1422,14 @@ static config base_config(const type_info *types, int n_types, const int *by_spe
   return base;
 }
 
+/* The node orders a search of `baseline` lays pipelines over: the uniform baseline (ranks in
+ * order, as Megatron-LM is launched) the canonical order only, held in `one`; the others all. */
+static const ff_node_orders *orders_for(ff_baseline baseline, const ff_node_orders *all,
+                                        ff_node_orders *one) {
+  *one = (ff_node_orders){all->items, 1};
+  return baseline == FF_BASELINE_UNIFORM ? one : all;
+}
+
 ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_training *training,
                     const ff_search_opts *opts, ff_search_result *res) {
   memset(res, 0, sizeof *res);
@@ -1445,7 +1449,6 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
       !keep_init(&scored, SURROGATE_KEEP) ||
       ff_graph_build(cluster, training->precision, &ctx.graph) != FF_OK)
     goto done;
-  ctx.node_order = ctx.graph.order;
   res->lower_bound_seconds = lower_bound(&ctx);
 
   /* Device types by speed, slowest first: leaving the k slowest idle is a candidate too. */
@@ -1458,19 +1461,21 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
       by_speed[k] = by_speed[k - 1];
       by_speed[k - 1] = x;
     }
-  enum_state es = {.ctx = &ctx, .keep = &keep, .keep_part = &keep_part, .keep_subset = &keep_subset, .units = units, .part_of = part_of, .costs = costs};
+  enum_state es = {.ctx = &ctx, .keep = &keep, .keep_part = &keep_part,
+                   .keep_subset = &keep_subset, .units = units, .part_of = part_of,
+                   .costs = costs};
   int max_idle = opts->baseline == FF_BASELINE_NONE ? n_types - 1 : 0;
   for (int idle = 0; idle <= max_idle; idle++) {
     config base = base_config(types, n_types, by_speed, idle, opts->baseline);
     bool active[MAX_TYPES] = {false};
     for (int d = 0; d < cluster->n_devices && d < MAX_TYPES; d++)
       active[d] = base.tp[d] > 0;
-    if (ff_partition_orders(&ctx.graph, active, opts->partition && opts->baseline != FF_BASELINE_UNIFORM,
-                            PARTITION_MAX_K, PARTITION_SEEDS, &orders[idle]) != FF_OK)
+    bool metis = opts->partition && opts->baseline != FF_BASELINE_UNIFORM;
+    if (ff_partition_orders(&ctx.graph, active, metis, PARTITION_MAX_K, PARTITION_SEEDS,
+                            &orders[idle]) != FF_OK)
       goto done;
-    /* The uniform baseline lays ranks over the canonical order only (the first order). */
-    ff_node_orders canonical_only = {orders[idle].items, 1};
-    es.orders = opts->baseline == FF_BASELINE_UNIFORM ? &canonical_only : &orders[idle];
+    ff_node_orders canonical_only;
+    es.orders = orders_for(opts->baseline, &orders[idle], &canonical_only);
     enumerate_tp(&es, &base, types, n_types, opts->baseline);
     if (opts->progress)
       fprintf(stderr, "\rffplan: %lld configurations", (long long)es.configs);
@@ -1481,12 +1486,11 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
     if (!keep_init(&seeds[0], SURROGATE_KEEP) || !keep_init(&seeds[1], SURROGATE_KEEP))
       goto done;
     for (int b = FF_BASELINE_UNIFORM; b <= FF_BASELINE_FLASHFLEX; b++) {
-      es.keep = es.keep_part = es.keep_subset = &seeds[b - FF_BASELINE_UNIFORM]; /* one list each: neither
-                                                                  * crowds out the other */
+      /* One list for each baseline: neither crowds out the other. */
+      es.keep = es.keep_part = es.keep_subset = &seeds[b - FF_BASELINE_UNIFORM];
       config base = base_config(types, n_types, by_speed, 0, (ff_baseline)b);
-      /* The uniform baseline lays ranks over the canonical order only (the first order). */
-      ff_node_orders canonical_only = {orders[0].items, 1};
-      es.orders = b == FF_BASELINE_UNIFORM ? &canonical_only : &orders[0];
+      ff_node_orders canonical_only;
+      es.orders = orders_for((ff_baseline)b, &orders[0], &canonical_only);
       enumerate_tp(&es, &base, types, n_types, (ff_baseline)b);
     }
   }

@@ -207,8 +207,22 @@ typedef struct ff_runner_up {
   char *summary;
 } ff_runner_up;
 
+/* Whether the integer program was on the path to the plan (docs/formats.md, search.origin). */
+typedef enum ff_plan_ilp {
+  FF_PLAN_ILP_OFF,      /* "off": not tried (--without ilp, a baseline) */
+  FF_PLAN_ILP_NOT_RUN,  /* "not run": the program was too large to build */
+  FF_PLAN_ILP_NO_GAIN,  /* "no gain": it ran; the local moves alone did as well */
+  FF_PLAN_ILP_IMPROVED, /* "improved": the plan comes from its solution */
+  FF_PLAN_ILP_COUNT
+} ff_plan_ilp;
+extern const char *const ff_plan_ilp_names[FF_PLAN_ILP_COUNT + 1];
+
 typedef struct ff_plan_search {
   char *planner;
+  bool has_origin; /* which start and refinement produced the plan */
+  char *layout, *node_order;
+  ff_plan_ilp ilp;
+  int64_t local_moves;
   bool has_candidates;
   int64_t candidates;
   bool has_lower_bound, has_gap;

@@ -521,6 +521,23 @@ static bool read_search(ff_jobj *top, ff_diag *d, ff_plan *plan) {
                                            FF_CLOSED(0, 1e300), &s->lower_bound_seconds);
   if (ff_jobj_get(&o, "gap", false))
     ok &= s->has_gap = ff_jobj_num(&o, "gap", false, FF_CLOSED(0, 1e300), &s->gap);
+  const cJSON *ov = ff_jobj_get(&o, "origin", false);
+  if (ov) {
+    ff_jobj oo;
+    if (ff_jobj_open(&oo, d, ov, "search.origin")) {
+      int ilp = 0;
+      bool got = ff_jobj_text(&oo, "layout", true, 256, &s->layout);
+      got &= ff_jobj_text(&oo, "node_order", true, 256, &s->node_order);
+      got &= ff_jobj_enum(&oo, "integer_program", true, ff_plan_ilp_names, &ilp);
+      got &= ff_jobj_int(&oo, "local_moves", true, 0, INT64_C(1) << 53, &s->local_moves);
+      s->ilp = (ff_plan_ilp)ilp;
+      s->has_origin = got;
+      ok &= got;
+      ff_jobj_close(&oo);
+    } else {
+      ok = false;
+    }
+  }
   const cJSON *arr = ff_jobj_array(&o, "runner_ups", false, 0, 1000);
   if (arr) {
     int n = cJSON_GetArraySize(arr);
@@ -695,6 +712,13 @@ cJSON *ff_plan_to_json(const ff_plan *plan) {
       cJSON_AddNumberToObject(se, "lower_bound_seconds", s->lower_bound_seconds);
     if (s->has_gap)
       cJSON_AddNumberToObject(se, "gap", s->gap);
+    if (s->has_origin) {
+      cJSON *og = cJSON_AddObjectToObject(se, "origin");
+      cJSON_AddStringToObject(og, "layout", s->layout ? s->layout : "");
+      cJSON_AddStringToObject(og, "node_order", s->node_order ? s->node_order : "");
+      cJSON_AddStringToObject(og, "integer_program", ff_plan_ilp_names[s->ilp]);
+      cJSON_AddNumberToObject(og, "local_moves", (double)s->local_moves);
+    }
     cJSON *ru = cJSON_AddArrayToObject(se, "runner_ups");
     for (int i = 0; i < s->n_runner_ups; i++) {
       cJSON *e = cJSON_CreateObject();
@@ -717,6 +741,8 @@ void ff_plan_free(ff_plan *p) {
   }
   free(p->pipelines);
   free(p->search.planner);
+  free(p->search.layout);
+  free(p->search.node_order);
   for (int i = 0; i < p->search.n_runner_ups; i++)
     free(p->search.runner_ups[i].summary);
   free(p->search.runner_ups);

@@ -90,6 +90,10 @@ static void show_header(const ff_plan *plan, const ff_plan_eval *e) {
       printf(", lower bound %.4f s", plan->search.lower_bound_seconds);
     if (plan->search.has_gap)
       printf(" (gap %.1f %%)", 100 * plan->search.gap);
+    if (plan->search.has_origin)
+      printf("\n  produced by: layout %s; node order %s; integer program %s; %lld local move%s",
+             plan->search.layout, plan->search.node_order, ff_plan_ilp_names[plan->search.ilp],
+             (long long)plan->search.local_moves, plan->search.local_moves == 1 ? "" : "s");
     for (int i = 0; i < plan->search.n_runner_ups; i++)
       printf("%s%.4f s: %s", i ? "; " : "\n  runner-ups: ", plan->search.runner_ups[i].iteration_seconds,
              plan->search.runner_ups[i].summary);

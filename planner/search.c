@@ -4,12 +4,11 @@
  * order (the device graph's canonical order, link clusters, METIS partitions: graph.c,
  * partition.c), layout (striped, blocked, one pipeline per part), pipeline count and micro-batch
  * size — and scores each with a cheap surrogate: per pipeline the layer split that minimises the
- * slowest stage under memory (exact, by bisection on the stage time), the micro-batch split that
- * minimises the closed-form pipeline time (exact, likewise), plus an estimate of the DP
+ * slowest stage under memory, the micro-batch split that minimises the closed-form pipeline time
+ * (both exact: split.c; the unit and stage models they use: units.c), plus an estimate of the DP
  * all-reduce. Phase 2 scores the best surrogates with the full cost model and simulator, refines
- * the three best distinct plans with the integer program (milp.c) and local moves, and keeps
- * runner-ups. */
-#include "search.h"
+ * the three best distinct plans with local moves and the integer program (refine.c, milp.c),
+ * and keeps runner-ups. */
 
 #include <math.h>
 #include <stdio.h>
@@ -17,282 +16,17 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "graph.h"
-#include "milp.h"
-#include "partition.h"
 #include "ff_version.h"
+#include "partition.h"
+#include "search_internal.h"
 
 #define MAX_TYPES 64
 #define MAX_TP_OPTIONS 11 /* 1, 2, 4, ..., 1024 */
 #define SURROGATE_KEEP 24
-#define N_MODES 3
 #define PARTITION_MAX_K 8 /* METIS partitions into 2..8 parts */
 #define PARTITION_SEEDS 2
 #define STRIPE_ORDERS_MAX_NODES 64 /* above it, no striped layouts over partition orders */
-/* Above this many layers the integer program is not run: with layer counts in the thousands
- * GLPK's LP at a branch node can take minutes (10,000 layers on 32 GPUs did not finish in two),
- * and the local moves and exact layer split serve alone. */
-#define ILP_MAX_LAYERS 1024
-/* Nor above this many stage-kind-mode columns (thousands of pipeline classes at 100,000 GPUs). */
-#define ILP_MAX_COLUMNS 20000
 
-struct ff_search_ctx {
-  const ff_cluster *cluster;
-  const ff_model *model;
-  const ff_training *training;
-  ff_search_opts opts;
-  ff_graph graph;  /* the device graph: links and the canonical node order */
-  int64_t scored;  /* full evaluations */
-};
-
-/* ---- per-unit costs ---------------------------------------------------------------------- */
-
-typedef struct unit_cost {
-  double layer_seconds[N_MODES]; /* fwd + bwd + recompute + TP, per layer per micro-batch */
-  double state_bytes_per_layer;  /* weights, gradients, master, moments of one layer (per rank) */
-  double act_bytes_per_layer[N_MODES]; /* per micro-batch in flight */
-  double buffer_bytes[N_MODES];  /* the stage's buffers, less those per micro-batch in flight */
-  double slot_bytes;             /* buffers per micro-batch in flight */
-  double capacity_bytes;         /* memory minus runtime reserve */
-  double embed_seconds, head_seconds; /* extra per micro-batch on the end stages */
-  double embed_bytes, head_bytes;     /* extra state on the end stages (and logits) */
-  double peak_flops;             /* the unit's summed dense peak */
-} unit_cost;
-
-/* The slowest rank of an even split holds the rounded-up share. */
-static ff_shard unit_shard(const ff_model *m, int tp) {
-  ff_shard sh;
-  sh.heads = (double)((m->heads + tp - 1) / tp);
-  int64_t g = m->heads / m->kv_heads;
-  sh.kv_heads = (double)((int64_t)sh.heads + g - 1) / (double)g + 1.0;
-  if (sh.kv_heads > (double)m->kv_heads)
-    sh.kv_heads = (double)m->kv_heads;
-  if (m->kv_heads % tp == 0)
-    sh.kv_heads = (double)(m->kv_heads / tp);
-  sh.ffn = (double)((m->ffn_hidden + tp - 1) / tp);
-  sh.vocab = (double)((m->vocab + tp - 1) / tp);
-  return sh;
-}
-
-static unit_cost compute_unit_cost(const ff_search_ctx *ctx, const ff_unit *u, int64_t b,
-                                   int dp) {
-  const ff_model *m = ctx->model;
-  const ff_training *t = ctx->training;
-  const ff_device *dev = &ctx->cluster->devices[u->device];
-  unit_cost uc;
-  memset(&uc, 0, sizeof uc);
-  ff_shard sh = unit_shard(m, u->tp);
-  double s = (double)m->seq_len, h = (double)m->hidden;
-  double elem = t->precision == FF_PRECISION_BF16 ? 2.0 : 4.0;
-  int node[1024], gpu[1024];
-  for (int i = 0; i < u->tp; i++) {
-    node[i] = u->node;
-    gpu[i] = u->first_gpu + i;
-  }
-  double tp_ar = ff_comm_allreduce(ctx->cluster, u->tp, node, gpu, (double)b * s * h * elem);
-  double bpp = ff_mem_bytes_per_param(t->precision, t->zero1, dp);
-  for (int mode = 0; mode < N_MODES; mode++) {
-    ff_layer_time lt = ff_cost_layer_time(m, t->precision, dev, sh, (double)b, u->tp, (ff_recompute)mode, tp_ar);
-    uc.layer_seconds[mode] = lt.fwd + lt.bwd + lt.recompute + lt.tp_fwd + lt.tp_bwd;
-    uc.act_bytes_per_layer[mode] =
-        ff_mem_layer_kept_bytes(m, sh, (double)b, t->precision, (ff_recompute)mode);
-    uc.buffer_bytes[mode] =
-        ff_mem_stage_buffer_bytes(m, sh, (double)b, t->precision, (ff_recompute)mode, true, 0.0);
-  }
-  uc.slot_bytes = ff_mem_stage_buffer_bytes(m, sh, (double)b, t->precision, FF_RECOMPUTE_NONE,
-                                            false, 1.0) -
-                  ff_mem_stage_buffer_bytes(m, sh, (double)b, t->precision, FF_RECOMPUTE_NONE,
-                                            false, 0.0);
-  uc.state_bytes_per_layer = ff_cost_layer_params(m, sh) * bpp;
-  uc.capacity_bytes = (dev->memory_gib - dev->runtime_reserve_gib) * FF_GIB;
-  double head = ff_time_gemm(dev, t->precision, (double)b * s, sh.vocab, h);
-  uc.head_seconds = 3.0 * head + 2.0 * ff_time_memory(dev, 3.0 * (double)b * s * sh.vocab * 4.0);
-  uc.embed_seconds = ff_time_memory(dev, (double)b * s * h * (elem + 8.0)) + (u->tp > 1 ? 2.0 * tp_ar : 0.0);
-  uc.embed_bytes = sh.vocab * h * bpp;
-  uc.head_bytes =
-      (sh.vocab * h + h) * bpp + ff_mem_logits_bytes(m, sh, (double)b, t->precision);
-  uc.peak_flops = ff_peak_flops(dev, t->precision) * u->tp;
-  return uc;
-}
-
-/* Two units cost the same when their device, TP degree and the links their group uses agree. */
-static bool same_kind(const ff_search_ctx *ctx, const ff_unit *a, const ff_unit *b) {
-  if (a->device != b->device || a->tp != b->tp)
-    return false;
-  if (a->tp == 1)
-    return true;
-  const ff_node *x = &ctx->cluster->nodes[a->node], *y = &ctx->cluster->nodes[b->node];
-  return x->island_gpus == y->island_gpus &&
-         x->island.bandwidth_gb_per_s == y->island.bandwidth_gb_per_s &&
-         x->island.latency_us == y->island.latency_us &&
-         x->intra.bandwidth_gb_per_s == y->intra.bandwidth_gb_per_s &&
-         x->intra.latency_us == y->intra.latency_us && a->first_gpu % x->island_gpus == 0 &&
-         b->first_gpu % y->island_gpus == 0;
-}
-
-/* Costs of every unit, computed once per kind of unit (a few per cluster). */
-static void unit_costs(const ff_search_ctx *ctx, const ff_unit *units, int n, int64_t b, int dp,
-                       unit_cost *out) {
-  enum { CACHE = 16 };
-  int seen[CACHE], n_seen = 0;
-  for (int u = 0; u < n; u++) {
-    int hit = -1;
-    for (int k = n_seen - 1; k >= 0 && hit < 0; k--)
-      if (same_kind(ctx, &units[seen[k]], &units[u]))
-        hit = seen[k];
-    if (hit >= 0) {
-      out[u] = out[hit];
-      continue;
-    }
-    out[u] = compute_unit_cost(ctx, &units[u], b, dp);
-    if (n_seen == CACHE)
-      memmove(seen, seen + 1, (CACHE - 1) * sizeof *seen), n_seen--;
-    seen[n_seen++] = u;
-  }
-}
-
-/* ---- layer split: minimise the slowest stage subject to memory --------------------------- */
-
-typedef struct stage_model {
-  double tau[N_MODES];   /* seconds per layer */
-  double cap[N_MODES];   /* most layers that fit */
-  double fixed_seconds;  /* embedding / head work */
-  bool end;              /* holds the embedding or the LM head: may hold no layers */
-} stage_model;
-
-/* Time of stage sm holding n layers in the cheapest recompute mode (lo..hi) that fits them;
- * INFINITY when none does. Nondecreasing in n. */
-static double stage_time(const stage_model *sm, int64_t n, int lo, int hi, int *mode) {
-  for (int md = lo; md <= hi; md++)
-    if (sm->cap[md] >= (double)n) {
-      *mode = md;
-      return (double)n * sm->tau[md] + sm->fixed_seconds;
-    }
-  *mode = hi;
-  return INFINITY;
-}
-
-typedef struct heap_item {
-  double next; /* the stage's time with one more layer */
-  int stage;
-} heap_item;
-
-static bool heap_less(heap_item a, heap_item b) {
-  return a.next < b.next || (a.next == b.next && a.stage < b.stage);
-}
-
-static void heap_sift_down(heap_item *h, int n, int i) {
-  for (;;) {
-    int l = 2 * i + 1, r = l + 1, m = i;
-    if (l < n && heap_less(h[l], h[m]))
-      m = l;
-    if (r < n && heap_less(h[r], h[m]))
-      m = r;
-    if (m == i)
-      return;
-    heap_item t = h[i];
-    h[i] = h[m];
-    h[m] = t;
-    i = m;
-  }
-}
-
-/* Optimal layers (and recompute modes) per stage: minimise the slowest stage subject to memory.
- * Each stage's time is nondecreasing in its layers, so handing out layers one at a time to the
- * stage that would be fastest with one more is optimal for the min-max (a heap keeps it
- * O(layers·log p)). Middle stages start with one layer; the end stages, which hold the
- * embedding or the LM head, may hold none. False when the layers do not fit. */
-static bool split_layers(const stage_model *sms, int p, int64_t layers, int lo, int hi,
-                         int64_t *out, int *modes, double *stage_seconds) {
-  heap_item *h = malloc((size_t)p * sizeof *h);
-  if (!h)
-    return false;
-  int64_t given = 0;
-  for (int k = 0; k < p; k++) {
-    out[k] = p == 1 ? 0 : (sms[k].end ? 0 : 1);
-    given += out[k];
-  }
-  bool ok = given <= layers;
-  for (int k = 0; k < p && ok; k++)
-    ok = isfinite(stage_time(&sms[k], out[k], lo, hi, &modes[k]));
-  int n = 0;
-  for (int k = 0; k < p && ok; k++) {
-    h[n] = (heap_item){stage_time(&sms[k], out[k] + 1, lo, hi, &modes[k]), k};
-    n++;
-  }
-  for (int i = n / 2 - 1; i >= 0; i--)
-    heap_sift_down(h, n, i);
-  while (ok && given < layers) {
-    if (!isfinite(h[0].next)) {
-      ok = false; /* every stage is full */
-      break;
-    }
-    int k = h[0].stage;
-    out[k]++;
-    given++;
-    h[0].next = stage_time(&sms[k], out[k] + 1, lo, hi, &modes[k]);
-    heap_sift_down(h, n, 0);
-  }
-  free(h);
-  if (!ok)
-    return false;
-  for (int k = 0; k < p; k++)
-    stage_seconds[k] = stage_time(&sms[k], out[k], lo, hi, &modes[k]);
-  return true;
-}
-
-/* ---- micro-batch split: minimise the slowest closed-form pipeline time -------------------- */
-
-static void split_micro_batches(const double *slow, const double *sum, int n, int64_t total,
-                                int64_t *out) {
-  double T_lo = 0, T_hi = 0;
-  for (int j = 0; j < n; j++) {
-    double t = (double)(total - 1) * slow[j] + sum[j];
-    if (t > T_hi)
-      T_hi = t;
-  }
-  for (int it = 0; it < 80; it++) {
-    double mid = 0.5 * (T_lo + T_hi);
-    double count = 0;
-    for (int j = 0; j < n; j++)
-      count += mid >= sum[j] ? floor((mid - sum[j]) / slow[j]) + 1 : 0;
-    if (count >= (double)total)
-      T_hi = mid;
-    else
-      T_lo = mid;
-  }
-  int64_t have = 0;
-  for (int j = 0; j < n; j++) {
-    double m = T_hi >= sum[j] ? floor((T_hi - sum[j]) / slow[j]) + 1 : 1;
-    out[j] = m < 1 ? 1 : (int64_t)m;
-    have += out[j];
-  }
-  while (have > total) { /* take from the pipeline that finishes last */
-    int worst = -1;
-    double worst_t = -1;
-    for (int j = 0; j < n; j++) {
-      if (out[j] <= 1)
-        continue;
-      double t = (double)(out[j] - 1) * slow[j] + sum[j];
-      if (t > worst_t) {
-        worst_t = t;
-        worst = j;
-      }
-    }
-    if (worst < 0)
-      break;
-    out[worst]--;
-    have--;
-  }
-  while (have < total) { /* only when every pipeline was clamped to 1: give to the fastest */
-    int best = 0;
-    for (int j = 1; j < n; j++)
-      if ((double)out[j] * slow[j] + sum[j] < (double)out[best] * slow[best] + sum[best])
-        best = j;
-    out[best]++;
-    have++;
-  }
-}
 
 /* ---- candidates ------------------------------------------------------------------------- */
 
@@ -444,7 +178,8 @@ static void describe(const ff_search_ctx *ctx, const config *cf, const ff_candid
     if (c->pipes[j].n_stages > max_s)
       max_s = c->pipes[j].n_stages;
   }
-  size_t n = (size_t)snprintf(out, cap, "%d pipeline%s x %d", c->n_pipes, c->n_pipes == 1 ? "" : "s", min_s);
+  size_t n = (size_t)snprintf(out, cap, "%d pipeline%s x %d", c->n_pipes,
+                              c->n_pipes == 1 ? "" : "s", min_s);
   if (max_s != min_s)
     n += (size_t)snprintf(out + n, cap - n, "-%d", max_s);
   n += (size_t)snprintf(out + n, cap - n, " stages (%s over the %s), micro-batch %lld, TP",
@@ -517,44 +252,10 @@ static int layout_pipeline(const config *cf, int n_units, const int *part_of, in
   return 0;
 }
 
-/* The layer-split model of a unit of cost `uc` at stage k of p (1F1B: the micro-batches in
- * flight there, the embedding on the first stage, the LM head on the last). */
-static stage_model stage_model_at(const ff_search_ctx *ctx, const unit_cost *uc, int k, int p,
-                                  int64_t m_est) {
-  stage_model sm;
-  int64_t in_flight = ff_sim_in_flight(ctx->training->schedule, p, k, m_est);
-  double fixed_bytes = 0;
-  sm.fixed_seconds = 0;
-  sm.end = k == 0 || k == p - 1;
-  if (k == 0) {
-    fixed_bytes += uc->embed_bytes;
-    sm.fixed_seconds += uc->embed_seconds;
-  }
-  if (k == p - 1) {
-    fixed_bytes += uc->head_bytes;
-    sm.fixed_seconds += uc->head_seconds;
-  }
-  for (int md = 0; md < N_MODES; md++) {
-    sm.tau[md] = uc->layer_seconds[md];
-    double per_layer = uc->state_bytes_per_layer + uc->act_bytes_per_layer[md] * (double)in_flight;
-    double room = uc->capacity_bytes - fixed_bytes - uc->buffer_bytes[md] -
-                  uc->slot_bytes * (double)in_flight;
-    sm.cap[md] = room > 0 ? floor(room / per_layer) : -1;
-  }
-  return sm;
-}
-
-/* Per-stage models of one pipeline for the layer split. */
-static void stage_models(const ff_search_ctx *ctx, const ff_cand_pipe *cp, const unit_cost *costs,
-                         int64_t m_est, stage_model *sms) {
-  for (int k = 0; k < cp->n_stages; k++)
-    sms[k] = stage_model_at(ctx, &costs[cp->stages[k].unit], k, cp->n_stages, m_est);
-}
-
 /* Form the pipelines of a configuration and split layers and micro-batches. Returns the
  * surrogate time, INFINITY when it does not fit or cannot be formed. */
 static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *units, int n_units,
-                              const int *part_of, unit_cost *costs, ff_candidate *c) {
+                              const int *part_of, ff_unit_cost *costs, ff_candidate *c) {
   const ff_model *m = ctx->model;
   const ff_training *t = ctx->training;
   int D = cf->n_pipes;
@@ -604,7 +305,7 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
   }
   free(stage_units);
   int64_t m_est = N / D;
-  stage_model *sms = malloc((size_t)p_max * sizeof *sms);
+  ff_stage_model *sms = malloc((size_t)p_max * sizeof *sms);
   double *slow = malloc((size_t)D * 3 * sizeof *slow);
   int64_t *layers = malloc((size_t)p_max * sizeof *layers);
   int *modes = malloc((size_t)p_max * sizeof *modes);
@@ -615,7 +316,7 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
     goto done;
   double *sum = slow + D, *dp = slow + 2 * D;
   int lo = cf->uniform_mode >= 0 ? cf->uniform_mode : 0;
-  int hi = cf->uniform_mode >= 0 ? cf->uniform_mode : N_MODES - 1;
+  int hi = cf->uniform_mode >= 0 ? cf->uniform_mode : FF_SEARCH_MODES - 1;
   if (t->recompute != FF_RECOMPUTE_AUTO)
     lo = hi = (int)t->recompute;
   double bpp_grad = 4.0;
@@ -648,7 +349,7 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
         reps[n_reps++] = j;
       else
         reps[j % 8] = j;
-      stage_models(ctx, cp, costs, m_est, sms);
+      ff_stage_models(ctx, cp, costs, m_est, sms);
       bool ok;
       if (cf->equal_layers || cf->layers_by_memory) {
         double weight_sum = 0;
@@ -676,7 +377,7 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
             stage_t[k] = (double)layers[k] * sms[k].tau[modes[k]] + sms[k].fixed_seconds;
         }
       } else {
-        ok = split_layers(sms, p, m->layers, lo, hi, layers, modes, stage_t);
+        ok = ff_split_layers(sms, p, m->layers, lo, hi, layers, modes, stage_t);
       }
       if (!ok)
         goto done;
@@ -710,7 +411,7 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
     for (int j = 0; j < D; j++)
       mb[j] = N / D;
   } else {
-    split_micro_batches(slow, sum, D, N, mb);
+    ff_split_micro_batches(slow, sum, D, N, mb);
   }
   result = 0;
   for (int j = 0; j < D; j++) {
@@ -825,7 +526,7 @@ typedef struct enum_state {
   const ff_node_orders *orders; /* node orders of the device types in use */
   ff_unit *units;
   int *part_of;
-  unit_cost *costs;
+  ff_unit_cost *costs;
   int64_t configs;
 } enum_state;
 
@@ -837,7 +538,7 @@ static double enumerate_batches(enum_state *es, config *cf, int n_units) {
     cf->micro_batch_size = ctx->training->micro_batch_sizes[mi];
     if (ctx->training->global_batch % cf->micro_batch_size != 0)
       continue;
-    unit_costs(ctx, es->units, n_units, cf->micro_batch_size, cf->n_pipes, es->costs);
+    ff_unit_costs(ctx, es->units, n_units, cf->micro_batch_size, cf->n_pipes, es->costs);
     ff_candidate c;
     es->configs++;
     double s = build_candidate(ctx, cf, es->units, n_units, es->part_of, es->costs, &c);
@@ -904,7 +605,7 @@ static double enumerate_shapes(enum_state *es, config *cf) {
 
 /* Every recompute mode in turn, one for every stage (the uniform baseline). */
 static void enumerate_uniform_modes(enum_state *es, config *cf) {
-  for (int md = 0; md < N_MODES; md++) {
+  for (int md = 0; md < FF_SEARCH_MODES; md++) {
     cf->uniform_mode = md;
     enumerate_shapes(es, cf);
   }
@@ -1011,286 +712,6 @@ static void enumerate_tp(enum_state *es, config *base, type_info *types, int n_t
   enumerate_tp_choices(es, base, types, n_types, 1 << 30, -1);
 }
 
-/* ---- local refinement ------------------------------------------------------------------- */
-
-static bool try_move(ff_search_ctx *ctx, ff_candidate *best, ff_candidate *trial, int *budget) {
-  if (*budget <= 0) {
-    ff_candidate_free(trial);
-    return false;
-  }
-  (*budget)--;
-  double s = ff_candidate_score(ctx, trial);
-  if (s < best->seconds * (1 - 1e-12)) {
-    ff_candidate_free(best);
-    *best = *trial;
-    memset(trial, 0, sizeof *trial);
-    return true;
-  }
-  ff_candidate_free(trial);
-  return false;
-}
-
-/* Move a layer between two stages of a pipeline (and of every pipeline built the same way),
- * lower a stage's recompute, swap the units of two stages, or move a micro-batch between
- * pipelines; the first
- * improvement is taken and the scan starts again. `best` changes on every improvement, so
- * nothing of it is held across a move. */
-static void refine_locally(ff_search_ctx *ctx, ff_candidate *best, int budget) {
-restart:
-  for (int j = 0; j < best->n_pipes && budget > 0; j++) {
-    int n_stages = best->pipes[j].n_stages;
-    for (int from = 0; from < n_stages && budget > 0; from++)
-      for (int to = 0; to < n_stages && budget > 0; to++) {
-        if (to == from)
-          continue;
-        int64_t lf = best->pipes[j].stages[from].layers, lt = best->pipes[j].stages[to].layers;
-        if (lf <= 1)
-          continue;
-        ff_candidate trial;
-        if (ff_candidate_copy(best, &trial) != FF_OK)
-          return;
-        for (int q = 0; q < trial.n_pipes; q++) {
-          ff_cand_pipe *tp = &trial.pipes[q];
-          if (tp->n_stages != n_stages || tp->stages[from].layers != lf || tp->stages[to].layers != lt)
-            continue;
-          tp->stages[from].layers--;
-          tp->stages[to].layers++;
-        }
-        if (try_move(ctx, best, &trial, &budget))
-          goto restart;
-      }
-    for (int k = 0; k < n_stages && budget > 0; k++) {
-      ff_recompute rc = best->pipes[j].stages[k].recompute;
-      if (rc == FF_RECOMPUTE_NONE || ctx->training->recompute != FF_RECOMPUTE_AUTO)
-        continue;
-      ff_candidate trial;
-      if (ff_candidate_copy(best, &trial) != FF_OK)
-        return;
-      trial.pipes[j].stages[k].recompute = (ff_recompute)(rc - 1);
-      if (try_move(ctx, best, &trial, &budget))
-        goto restart;
-    }
-  }
-  /* Swap the units of two stages (Kernighan–Lin style): another device or node for each. */
-  for (int j1 = 0; j1 < best->n_pipes && budget > 0; j1++)
-    for (int k1 = 0; k1 < best->pipes[j1].n_stages && budget > 0; k1++)
-      for (int j2 = j1; j2 < best->n_pipes && budget > 0; j2++)
-        for (int k2 = j2 == j1 ? k1 + 1 : 0; k2 < best->pipes[j2].n_stages && budget > 0; k2++) {
-          const ff_unit *u1 = &best->units[best->pipes[j1].stages[k1].unit];
-          const ff_unit *u2 = &best->units[best->pipes[j2].stages[k2].unit];
-          if (u1->device == u2->device && u1->tp == u2->tp &&
-              (u1->node == u2->node || (ctx->cluster->nodes[u1->node].group >= 0 &&
-                                        ctx->cluster->n_overrides == 0 &&
-                                        ctx->cluster->nodes[u1->node].group ==
-                                            ctx->cluster->nodes[u2->node].group)))
-            continue; /* the same kind of unit in the same place: nothing changes */
-          ff_candidate trial;
-          if (ff_candidate_copy(best, &trial) != FF_OK)
-            return;
-          int x = trial.pipes[j1].stages[k1].unit;
-          trial.pipes[j1].stages[k1].unit = trial.pipes[j2].stages[k2].unit;
-          trial.pipes[j2].stages[k2].unit = x;
-          if (try_move(ctx, best, &trial, &budget))
-            goto restart;
-        }
-  for (int a = 0; a < best->n_pipes && budget > 0; a++)
-    for (int b = 0; b < best->n_pipes && budget > 0; b++) {
-      if (a == b || best->pipes[a].micro_batches <= 1)
-        continue;
-      ff_candidate trial;
-      if (ff_candidate_copy(best, &trial) != FF_OK)
-        return;
-      trial.pipes[a].micro_batches--;
-      trial.pipes[b].micro_batches++;
-      if (try_move(ctx, best, &trial, &budget))
-        goto restart;
-      if (best->n_pipes > 8)
-        break; /* on many pipelines, one partner per donor per round */
-    }
-}
-
-/* ---- the integer program ---------------------------------------------------------------- */
-
-/* Units of one kind for the integer program: the same unit, or units whose costs agree
- * (same_kind compares units at island boundaries only, so it is not reflexive on the others). */
-static bool ilp_same_kind(const ff_search_ctx *ctx, const ff_candidate *c, int a, int b) {
-  return a == b || same_kind(ctx, &c->units[a], &c->units[b]);
-}
-
-/* Pipelines j and j2 are built alike: the same kind of unit at every position, the same layers
- * and recompute. Runs of such pipelines form one class of the program. */
-static bool same_shape(const ff_search_ctx *ctx, const ff_candidate *c, int a, int b) {
-  const ff_cand_pipe *x = &c->pipes[a], *y = &c->pipes[b];
-  if (x->n_stages != y->n_stages)
-    return false;
-  for (int k = 0; k < x->n_stages; k++)
-    if (!ilp_same_kind(ctx, c, x->stages[k].unit, y->stages[k].unit) ||
-        x->stages[k].layers != y->stages[k].layers ||
-        x->stages[k].recompute != y->stages[k].recompute)
-      return false;
-  return true;
-}
-
-/* Fill class `cl` (arrays allocated here, freed by the caller through `mem`) from the run of
- * pipelines starting at `first`. False on allocation failure. */
-static bool ilp_class(ff_search_ctx *ctx, const ff_candidate *c, int first, int n_pipes, int lo,
-                      int hi, ff_milp_class *cl, void **mem) {
-  const ff_cand_pipe *cp = &c->pipes[first];
-  int p = cp->n_stages, M = hi - lo + 1, Q = 0;
-  int *rep = malloc((size_t)p * sizeof *rep), *kind_of = malloc((size_t)p * sizeof *kind_of);
-  if (!rep || !kind_of) {
-    free(rep), free(kind_of);
-    return false;
-  }
-  for (int k = 0; k < p; k++) {
-    int q = 0;
-    while (q < Q && !ilp_same_kind(ctx, c, rep[q], cp->stages[k].unit))
-      q++;
-    if (q == Q)
-      rep[Q++] = cp->stages[k].unit;
-    kind_of[k] = q;
-  }
-  size_t doubles = (size_t)Q * M + 2 * (size_t)p * Q * M + (size_t)p * Q;
-  size_t ints = (size_t)Q + 4 * (size_t)p;
-  size_t i64s = 2 * (size_t)p + 2 * (size_t)n_pipes;
-  char *block = calloc(1, doubles * sizeof(double) + i64s * sizeof(int64_t) + ints * sizeof(int));
-  if (!block) {
-    free(rep), free(kind_of);
-    return false;
-  }
-  *mem = block;
-  double *tau = (double *)block, *cap = tau + (size_t)Q * M, *fixed = cap + (size_t)p * Q * M;
-  int64_t *warm_layers = (int64_t *)(block + doubles * sizeof(double));
-  int64_t *layers = warm_layers + p, *warm_mb = layers + p, *mb = warm_mb + n_pipes;
-  int *kind_count = (int *)(mb + n_pipes), *warm_kind = kind_count + Q, *warm_mode = warm_kind + p;
-  int *kind = warm_mode + p, *mode = kind + p;
-  int64_t m_est = cp->micro_batches;
-  for (int q = 0; q < Q; q++) {
-    unit_cost uc = compute_unit_cost(ctx, &c->units[rep[q]], c->micro_batch_size, c->n_pipes);
-    for (int k = 0; k < p; k++) {
-      stage_model sm = stage_model_at(ctx, &uc, k, p, m_est);
-      for (int m = 0; m < M; m++) {
-        tau[q * M + m] = sm.tau[lo + m];
-        cap[((size_t)k * Q + q) * M + m] = sm.cap[lo + m];
-      }
-      fixed[(size_t)k * Q + q] = sm.fixed_seconds;
-    }
-  }
-  for (int k = 0; k < p; k++) {
-    kind_count[kind_of[k]]++;
-    warm_kind[k] = kind_of[k];
-    warm_mode[k] = (int)cp->stages[k].recompute - lo;
-    warm_layers[k] = cp->stages[k].layers;
-  }
-  for (int j = 0; j < n_pipes; j++)
-    warm_mb[j] = c->pipes[first + j].micro_batches;
-  *cl = (ff_milp_class){n_pipes, p, Q, M, kind_count, tau, cap, fixed, warm_kind, warm_mode,
-                        warm_layers, warm_mb, kind, mode, layers, mb};
-  free(rep), free(kind_of);
-  return true;
-}
-
-/* Apply a class's solution to its pipelines: each position takes the pipeline's next unused unit
- * of the chosen kind, so units keep their order among their kind. */
-static bool ilp_apply(const ff_search_ctx *ctx, ff_candidate *out, int first,
-                      const ff_milp_class *cl, int lo) {
-  int p = cl->n_stages;
-  int *units = malloc((size_t)p * sizeof *units), *kind_of = malloc((size_t)p * sizeof *kind_of);
-  int *ref = malloc((size_t)p * sizeof *ref); /* the first pipeline's units as they were */
-  bool *used = malloc((size_t)p * sizeof *used);
-  bool ok = units && kind_of && ref && used;
-  for (int k = 0; ok && k < p; k++)
-    ref[k] = out->pipes[first].stages[k].unit;
-  for (int j = first; ok && j < first + cl->n_pipes; j++) {
-    ff_cand_pipe *cp = &out->pipes[j];
-    for (int k = 0; k < p; k++) {
-      units[k] = cp->stages[k].unit, used[k] = false;
-      /* a unit's kind is the warm kind of the first pipeline's stage of the same kind */
-      kind_of[k] = -1;
-      for (int s = 0; s < p && kind_of[k] < 0; s++)
-        if (ilp_same_kind(ctx, out, units[k], ref[s]))
-          kind_of[k] = cl->warm_kind[s];
-    }
-    for (int k = 0; k < p && ok; k++) {
-      int pick = -1;
-      for (int i = 0; i < p && pick < 0; i++)
-        if (!used[i] && kind_of[i] == cl->kind[k])
-          pick = i;
-      if (pick < 0) {
-        ok = false;
-        break;
-      }
-      used[pick] = true;
-      cp->stages[k].unit = units[pick];
-      cp->stages[k].layers = cl->layers[k];
-      cp->stages[k].recompute = (ff_recompute)(lo + cl->mode[k]);
-    }
-    cp->micro_batches = cl->micro_batches[j - first];
-  }
-  free(units), free(kind_of), free(ref), free(used);
-  return ok;
-}
-
-/* Refine a candidate with the integer program; `out` is scored with the full cost model.
- * FF_ERR_INFEASIBLE when the program cannot be built or solved. */
-static ff_status ilp_refine(ff_search_ctx *ctx, const ff_candidate *from, int64_t node_budget,
-                            ff_candidate *out) {
-  memset(out, 0, sizeof *out);
-  out->seconds = INFINITY;
-  if (ctx->model->layers > ILP_MAX_LAYERS)
-    return FF_ERR_INFEASIBLE; /* see ILP_MAX_LAYERS */
-  int lo = 0, hi = N_MODES - 1;
-  if (ctx->training->recompute != FF_RECOMPUTE_AUTO)
-    lo = hi = (int)ctx->training->recompute;
-  int D = from->n_pipes;
-  ff_milp_class *classes = calloc((size_t)D, sizeof *classes);
-  int *firsts = calloc((size_t)D, sizeof *firsts);
-  void **mem = calloc((size_t)D, sizeof *mem);
-  ff_status st = FF_ERR_RUNTIME;
-  int n = 0;
-  if (!classes || !firsts || !mem)
-    goto done;
-  int64_t N = 0;
-  for (int j = 0; j < D; j++)
-    N += from->pipes[j].micro_batches;
-  for (int j = 0; j < D;) {
-    int e = j + 1;
-    while (e < D && same_shape(ctx, from, j, e))
-      e++;
-    firsts[n] = j;
-    if (!ilp_class(ctx, from, j, e - j, lo, hi, &classes[n], &mem[n]))
-      goto done;
-    n++;
-    j = e;
-  }
-  int64_t columns = 0; /* the program's size, bounded like its node count */
-  for (int c = 0; c < n; c++)
-    columns += (int64_t)classes[c].n_stages * classes[c].n_kinds * (2 * classes[c].n_modes + 1);
-  if (columns > ILP_MAX_COLUMNS) {
-    st = FF_ERR_INFEASIBLE;
-    goto done;
-  }
-  ff_milp_problem prob = {classes, n, ctx->model->layers, N, node_budget, 0, 0, 0, 0};
-  st = ff_milp_solve(&prob);
-  if (st != FF_OK)
-    goto done;
-  st = ff_candidate_copy(from, out);
-  for (int c = 0; st == FF_OK && c < n; c++)
-    if (!ilp_apply(ctx, out, firsts[c], &classes[c], lo))
-      st = FF_ERR_INFEASIBLE;
-  if (st == FF_OK) {
-    ff_candidate_score(ctx, out);
-    st = isfinite(out->seconds) ? FF_OK : FF_ERR_INFEASIBLE;
-  }
-done:
-  for (int c = 0; mem && c < n; c++)
-    free(mem[c]);
-  if (st != FF_OK)
-    ff_candidate_free(out);
-  free(classes), free(firsts), free(mem);
-  return st;
-}
-
 /* ---- bounds and messages ---------------------------------------------------------------- */
 
 static double lower_bound(const ff_search_ctx *ctx) {
@@ -1378,6 +799,11 @@ static ff_status finish_plan(ff_search_ctx *ctx, const ff_candidate *best, const
            : ctx->opts.baseline == FF_BASELINE_FLASHFLEX ? " --baseline flashflex"
                                                          : "");
   p->search.planner = strdup(planner);
+  p->search.has_origin = true;
+  p->search.layout = strdup(res->origin.layout);
+  p->search.node_order = strdup(res->origin.node_order);
+  p->search.ilp = res->origin.ilp;
+  p->search.local_moves = res->origin.local_moves;
   p->search.has_candidates = true;
   p->search.candidates = res->candidates;
   p->search.has_lower_bound = p->search.has_gap = true;
@@ -1385,7 +811,7 @@ static ff_status finish_plan(ff_search_ctx *ctx, const ff_candidate *best, const
   p->search.gap = best->seconds / res->lower_bound_seconds - 1.0;
   int n = 0;
   p->search.runner_ups = calloc((size_t)ctx->opts.keep + 1, sizeof *p->search.runner_ups);
-  if (!p->search.planner || !p->search.runner_ups)
+  if (!p->search.planner || !p->search.runner_ups || !p->search.layout || !p->search.node_order)
     return FF_ERR_RUNTIME;
   for (int i = 0; i < scored->n && n < ctx->opts.keep; i++) {
     const ff_candidate *c = &scored->items[i];
@@ -1439,7 +865,7 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   int n_types = type_infos(&ctx, types);
   keep_list keep = {0}, keep_part = {0}, keep_subset = {0}, scored = {0}, seeds[2] = {{0}};
   ff_unit *units = malloc((size_t)cluster->total_gpus * sizeof *units);
-  unit_cost *costs = malloc((size_t)cluster->total_gpus * sizeof *costs);
+  ff_unit_cost *costs = malloc((size_t)cluster->total_gpus * sizeof *costs);
   int *part_of = malloc((size_t)cluster->total_gpus * sizeof *part_of);
   ff_node_orders orders[MAX_TYPES] = {{0}}; /* per number of idle device types */
   ff_candidate best = {0};
@@ -1529,35 +955,27 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   }
   if (ff_candidate_copy(&scored.items[0], &best) != FF_OK)
     goto done;
+  res->origin = (ff_search_origin){layout_names[scored.configs[0].layout],
+                                   scored.configs[0].order->what, FF_PLAN_ILP_OFF, 0};
   if (opts->baseline == FF_BASELINE_NONE) {
-    /* The three best distinct plans: each through the integer program (kept where it is
-     * better), then local moves; a greedy descent from the best start does not always end in
-     * the best local optimum, so each start gets its own. */
+    /* The three best distinct plans, each refined on its own: a greedy descent from the best
+     * start does not always end in the best local optimum. */
     for (int i = 0, tried = 0; i < scored.n && tried < 3; i++) {
       if (i > 0 && scored.items[i].seconds == scored.items[i - 1].seconds)
         continue; /* the same plan reached from another order or list */
       tried++;
-      ff_candidate start;
-      if (ff_candidate_copy(&scored.items[i], &start) != FF_OK)
-        goto done;
       ff_candidate refined;
-      if (opts->ilp &&
-          ilp_refine(&ctx, &scored.items[i], opts->milp_node_budget, &refined) == FF_OK) {
-        if (refined.seconds < start.seconds) {
-          snprintf(refined.summary + strlen(refined.summary),
-                   sizeof refined.summary - strlen(refined.summary), "; integer program");
-          ff_candidate_free(&start);
-          start = refined;
-        } else {
-          ff_candidate_free(&refined);
-        }
-      }
-      refine_locally(&ctx, &start, opts->local_moves);
-      if (start.seconds < best.seconds) {
+      ff_search_origin how;
+      if (ff_refine_start(&ctx, &scored.items[i], &refined, &how) != FF_OK)
+        goto done;
+      if (refined.seconds < best.seconds) {
         ff_candidate_free(&best);
-        best = start;
+        best = refined;
+        res->origin = how;
+        res->origin.layout = layout_names[scored.configs[i].layout];
+        res->origin.node_order = scored.configs[i].order->what;
       } else {
-        ff_candidate_free(&start);
+        ff_candidate_free(&refined);
       }
     }
   }
@@ -1568,6 +986,10 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
       res->idle_gpus -= best.units[best.pipes[j].stages[k].unit].tp;
   st = finish_plan(&ctx, &best, &scored, res);
   res->found = st == FF_OK;
+  if (res->found) { /* the order's name dies with the search; point at the plan's copies */
+    res->origin.layout = res->plan.search.layout;
+    res->origin.node_order = res->plan.search.node_order;
+  }
 done:
   ff_candidate_free(&best);
   keep_free(&keep);

@@ -62,12 +62,21 @@ typedef struct ff_search_opts {
   bool ilp;                 /* the GLPK integer program on the best candidates */
 } ff_search_opts;
 
+/* What produced the plan: the layout and node order of its start, whether the integer program
+ * was on the path to it (ff_plan_search's values), and the local moves taken after. */
+typedef struct ff_search_origin {
+  const char *layout, *node_order;
+  ff_plan_ilp ilp;
+  int local_moves;
+} ff_search_origin;
+
 typedef struct ff_search_result {
   ff_plan plan;            /* the best plan, with predictions and the search record */
   bool found;
   int64_t candidates;      /* plans scored with the full cost model */
   double lower_bound_seconds;
   int idle_gpus;
+  ff_search_origin origin; /* its strings are the plan's */
   char infeasible_why[1024]; /* when nothing fits */
 } ff_search_result;
 

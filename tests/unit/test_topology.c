@@ -1024,7 +1024,7 @@ static void collect(bf_search *s, unsigned free, bf_pipe *p, unsigned members, b
       }
       bf_candidate *c = &out->list[out->n++];
       c->n_stages = p->n_stages;
-      for (int k = 0; k < p->n_stages; k++)
+      for (int k = 0; k < p->n_stages && k < BF_MAX_STAGES; k++)
         c->unit[k] = (uint8_t)p->unit[k];
       c->members = members;
       c->options = q;
@@ -1628,7 +1628,7 @@ static void plain_splits(plain *pl, int n_pipes, int pipe, int64_t mbs) {
   int64_t mb[BF_MAX_UNITS], N = pl->in->training.global_batch / mbs;
   if (N < n_pipes || !first_composition(mb, n_pipes, N, 1, 1))
     return;
-  int order[BF_MAX_UNITS];
+  int order[BF_MAX_UNITS] = {0};
   for (int j = 0; j < n_pipes; j++)
     order[j] = j;
   do {

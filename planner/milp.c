@@ -269,7 +269,25 @@ static void read_class(glp_prob *lp, ff_milp_class *cl, const cols *c) {
     cl->micro_batches[j] = cl->warm_micro_batches[j];
 }
 
+/* Every coefficient the program would see is finite (caps may be negative: nothing fits). GLPK
+ * aborts the process on a non-finite bound or coefficient, so such a class is refused here. */
+static bool class_finite(const ff_milp_class *cl) {
+  for (int i = 0; i < cl->n_kinds * cl->n_modes; i++)
+    if (!isfinite(cl->tau[i]) || cl->tau[i] < 0)
+      return false;
+  for (int i = 0; i < cl->n_stages * cl->n_kinds * cl->n_modes; i++)
+    if (isnan(cl->cap[i]))
+      return false;
+  for (int i = 0; i < cl->n_stages * cl->n_kinds; i++)
+    if (!isfinite(cl->fixed[i]) || cl->fixed[i] < 0)
+      return false;
+  return true;
+}
+
 ff_status ff_milp_solve(ff_milp_problem *p) {
+  for (int c = 0; c < p->n_classes; c++)
+    if (!class_finite(&p->classes[c]))
+      return FF_ERR_INFEASIBLE;
   ff_status st = FF_ERR_RUNTIME;
   cols *cs = calloc((size_t)p->n_classes + 1, sizeof *cs);
   triplets t = {0};

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "ff_cost.h"
+#include "milp.h"
 #include "search.h"
 
 typedef struct inputs {
@@ -508,6 +509,35 @@ static void the_integer_program_finds_a_plan_the_local_moves_miss(void **state) 
   }
 }
 
+/* The integer program on plain arrays: one class of one pipeline of two stages served by a
+ * fast kind (1 s per layer) and a slow one (3 s per layer), 8 layers, one recompute mode, no
+ * memory limit, 100 micro-batches: the 1F1B closed form 99·S + Σ is least with 6 layers on the
+ * fast unit and 2 on the slow one (99·6 + 12 = 606 s; 7 + 1 gives 703, the warm start 4 + 4
+ * gives 1,204). A non-finite coefficient
+ * (which GLPK would abort the process on) is refused as infeasible. */
+static void the_integer_program_solves_a_small_class_and_refuses_bad_numbers(void **state) {
+  (void)state;
+  const int kind_count[2] = {1, 1}, warm_kind[2] = {0, 1}, warm_mode[2] = {0, 0};
+  double tau[2] = {1.0, 3.0};
+  const double cap[4] = {100, 100, 100, 100}, fixed[4] = {0, 0, 0, 0};
+  const int64_t warm_layers[2] = {4, 4}, warm_mb[1] = {100};
+  int kind[2], mode[2];
+  int64_t layers[2], mb[1];
+  ff_milp_class cl = {1, 2, 2, 1, kind_count, tau, cap, fixed, warm_kind, warm_mode,
+                      warm_layers, warm_mb, kind, mode, layers, mb};
+  ff_milp_problem prob = {&cl, 1, 8, 100, 300, 0, 0, 0, 0};
+  assert_int_equal(ff_milp_solve(&prob), FF_OK);
+  assert_true(fabs(prob.objective_seconds - 606.0) < 1e-9);
+  int fast = kind[0] == 0 ? 0 : 1;
+  assert_int_equal(layers[fast], 6);
+  assert_int_equal(layers[1 - fast], 2);
+  assert_int_equal(mb[0], 100);
+  tau[1] = NAN;
+  assert_int_equal(ff_milp_solve(&prob), FF_ERR_INFEASIBLE);
+  tau[1] = INFINITY;
+  assert_int_equal(ff_milp_solve(&prob), FF_ERR_INFEASIBLE);
+}
+
 static void one_device_type_is_as_good_as_the_best_uniform_plan(void **state) {
   (void)state;
   static const char *const homogeneous[] = {"h100-8", "a100-pcie-2x8", "a100-pcie-4x8"};
@@ -539,6 +569,7 @@ int main(void) {
       cmocka_unit_test(one_device_type_is_as_good_as_the_best_uniform_plan),
       cmocka_unit_test(a_network_written_as_overrides_or_reordered_gets_the_same_plan),
       cmocka_unit_test(the_integer_program_finds_a_plan_the_local_moves_miss),
+      cmocka_unit_test(the_integer_program_solves_a_small_class_and_refuses_bad_numbers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -989,6 +989,8 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   if (res->found) { /* the order's name dies with the search; point at the plan's copies */
     res->origin.layout = res->plan.search.layout;
     res->origin.node_order = res->plan.search.node_order;
+  } else {
+    memset(&res->origin, 0, sizeof res->origin);
   }
 done:
   ff_candidate_free(&best);

@@ -76,7 +76,7 @@ typedef struct ff_search_result {
   int64_t candidates;      /* plans scored with the full cost model */
   double lower_bound_seconds;
   int idle_gpus;
-  ff_search_origin origin; /* its strings are the plan's */
+  ff_search_origin origin; /* its strings are the plan's; zero when nothing was found */
   char infeasible_why[1024]; /* when nothing fits */
 } ff_search_result;
 

@@ -157,6 +157,7 @@ ff_status synth_cluster(const synth_options *opt, ff_diag *d, ff_cluster *out) {
     n->device = t;
     n->gpus = left < SYNTH_GPUS_PER_NODE ? (int)left : SYNTH_GPUS_PER_NODE;
     n->group = -1;
+    n->nics = 1;
     if (types[t].island_gpus > 1) {
       n->island_gpus = n->gpus; /* the whole node, also a smaller last node */
       if (n->island_gpus > 1)

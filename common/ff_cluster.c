@@ -176,6 +176,14 @@ static bool read_node(ff_diag *d, const cJSON *e, const char *p, ff_cluster *c, 
     ok &= island_ok;
   }
   node->island_gpus = (int)island;
+  int64_t nics = 1;
+  if (ff_jobj_get(&o, "nics", false))
+    ok &= ff_jobj_int(&o, "nics", false, 1, 64, &nics);
+  node->nics = (int)nics;
+  node->nic_bandwidth_gb_per_s = 0.0;
+  if (ff_jobj_get(&o, "nic_bandwidth_gb_per_s", false))
+    ok &= ff_jobj_num(&o, "nic_bandwidth_gb_per_s", false, FF_POSITIVE(100000),
+                      &node->nic_bandwidth_gb_per_s);
   static const char *const link_keys[] = {"island_bandwidth_gb_per_s", "island_latency_us",
                                           "intra_bandwidth_gb_per_s", "intra_latency_us"};
   if (!gpus_ok || !island_ok) {
@@ -493,6 +501,10 @@ cJSON *ff_cluster_to_json(const ff_cluster *c, bool with_format, bool inline_dev
       add_link(e, "island_bandwidth_gb_per_s", "island_latency_us", n->island);
     if (n->island_gpus < n->gpus)
       add_link(e, "intra_bandwidth_gb_per_s", "intra_latency_us", n->intra);
+    if (n->nics > 1) /* 1 is the default; 0 in a node built in memory means the same */
+      cJSON_AddNumberToObject(e, "nics", n->nics);
+    if (n->nic_bandwidth_gb_per_s > 0)
+      cJSON_AddNumberToObject(e, "nic_bandwidth_gb_per_s", n->nic_bandwidth_gb_per_s);
     cJSON_AddItemToArray(nodes, e);
   }
   if (c->has_network) {

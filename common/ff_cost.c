@@ -224,14 +224,45 @@ static int cmp_first_index(const void *a, const void *b) {
   return x->index < y->index ? -1 : (x->index > y->index);
 }
 
+ff_link ff_cluster_shared_link(const ff_cluster *c, ff_link link, int node_a, int node_b,
+                               int flows_a, int flows_b) {
+  const int ends[2] = {node_a, node_b}, flows[2] = {flows_a, flows_b};
+  double bw = link.bandwidth_gb_per_s;
+  for (int e = 0; e < 2; e++) {
+    const ff_node *x = &c->nodes[ends[e]];
+    double nic = x->nic_bandwidth_gb_per_s > 0 ? x->nic_bandwidth_gb_per_s
+                                               : link.bandwidth_gb_per_s;
+    double share = (x->nics > 0 ? x->nics : 1) * nic / (flows[e] > 1 ? flows[e] : 1);
+    if (share < bw)
+      bw = share;
+  }
+  link.bandwidth_gb_per_s = bw;
+  return link;
+}
+
+/* The link between members a and b of a collective: shared at the NICs when they are on
+ * different nodes and flows are given. */
+static ff_link member_link(const ff_cluster *c, int node_a, int gpu_a, int node_b, int gpu_b,
+                           const int *flows) {
+  ff_link l = ff_cluster_gpu_link(c, node_a, gpu_a, node_b, gpu_b);
+  if (flows && node_a != node_b)
+    l = ff_cluster_shared_link(c, l, node_a, node_b, flows[node_a], flows[node_b]);
+  return l;
+}
+
 double ff_comm_allreduce(const ff_cluster *c, int n, const int *node, const int *gpu,
                          double bytes) {
+  return ff_comm_allreduce_shared(c, n, node, gpu, bytes, NULL);
+}
+
+double ff_comm_allreduce_shared(const ff_cluster *c, int n, const int *node, const int *gpu,
+                                double bytes, const int *flows) {
   if (n <= 1)
     return 0.0;
   /* Flat ring in the given order. */
-  ff_link ring = ff_cluster_gpu_link(c, node[n - 1], gpu[n - 1], node[0], gpu[0]);
+  ff_link ring = member_link(c, node[n - 1], gpu[n - 1], node[0], gpu[0], flows);
   for (int i = 1; i < n; i++)
-    ring = slower(ring, ff_cluster_gpu_link(c, node[i - 1], gpu[i - 1], node[i], gpu[i]));
+    ring = slower(ring, member_link(c, node[i - 1], gpu[i - 1], node[i], gpu[i], flows));
   double flat = ff_comm_allreduce_ring(n, bytes, ring);
   bool one_node = true;
   for (int i = 1; i < n && one_node; i++)
@@ -265,9 +296,11 @@ double ff_comm_allreduce(const ff_cluster *c, int n, const int *node, const int 
   }
   qsort(leaders, (size_t)nodes, sizeof *leaders, cmp_first_index);
   for (int k = 1; k < nodes; k++)
-    inter = slower(inter, ff_cluster_node_link(c, leaders[k - 1].node, leaders[k].node));
+    inter = slower(inter, member_link(c, leaders[k - 1].node, leaders[k - 1].gpu,
+                                      leaders[k].node, leaders[k].gpu, flows));
   if (nodes > 2)
-    inter = slower(inter, ff_cluster_node_link(c, leaders[nodes - 1].node, leaders[0].node));
+    inter = slower(inter, member_link(c, leaders[nodes - 1].node, leaders[nodes - 1].gpu,
+                                      leaders[0].node, leaders[0].gpu, flows));
   if (m != small)
     free(m);
   if (nodes <= 1 || largest <= 1)

@@ -87,6 +87,15 @@ ff_link ff_cluster_gpu_link(const ff_cluster *c, int node_a, int gpu_a, int node
  * slowest inter-node link, all-gather in each node). */
 double ff_comm_allreduce(const ff_cluster *c, int n, const int *node, const int *gpu,
                          double bytes);
+/* The network link from node a to node b as one of flows_a concurrent flows leaving a and
+ * flows_b entering b: each node's NICs (nics × nic_bandwidth, or × the link's bandwidth when
+ * the node gives none) are shared evenly; never faster than the link. */
+ff_link ff_cluster_shared_link(const ff_cluster *c, ff_link link, int node_a, int node_b,
+                               int flows_a, int flows_b);
+/* ff_comm_allreduce where every network link a member crosses is shared as above; flows[x] is
+ * the number of concurrent flows on node x (NULL: links not shared). */
+double ff_comm_allreduce_shared(const ff_cluster *c, int n, const int *node, const int *gpu,
+                                double bytes, const int *flows);
 
 /* ---- one layer of one rank's shard ------------------------------------------------------- */
 

@@ -38,13 +38,48 @@ static void stage_group(const ff_plan_stage *st, int *node, int *gpu) {
   }
 }
 
+/* Concurrent flows per node that share its NICs (cost-model.md §5.8): n_nodes entries each. */
+typedef struct nic_flows {
+  int *dp;      /* ranks whose gradient all-reduce leaves the node */
+  int *out, *in; /* stage transfers leaving / entering the node, the busier direction */
+} nic_flows;
+
+/* Stage boundaries that cross nodes, counted at both ends, per direction; each node keeps the
+ * busier direction. */
+static void count_boundary_flows(const ff_plan *plan, nic_flows *f, int *fwd_out, int *fwd_in) {
+  int n = plan->cluster.n_nodes;
+  memset(fwd_out, 0, (size_t)n * sizeof *fwd_out);
+  memset(fwd_in, 0, (size_t)n * sizeof *fwd_in);
+  memset(f->out, 0, (size_t)n * sizeof *f->out); /* backward: leaving s + 1, entering s */
+  memset(f->in, 0, (size_t)n * sizeof *f->in);
+  for (int p = 0; p < plan->n_pipelines; p++)
+    for (int s = 0; s + 1 < plan->pipelines[p].n_stages; s++) {
+      int a = plan->pipelines[p].stages[s].ranks[0].node;
+      int b = plan->pipelines[p].stages[s + 1].ranks[0].node;
+      if (a == b)
+        continue;
+      fwd_out[a]++, fwd_in[b]++;
+      f->out[b]++, f->in[a]++;
+    }
+  for (int x = 0; x < n; x++) {
+    if (fwd_out[x] > f->out[x])
+      f->out[x] = fwd_out[x];
+    if (fwd_in[x] > f->in[x])
+      f->in[x] = fwd_in[x];
+  }
+}
+
 /* Per micro-batch transfer of b·s·h activations from stage a to stage b: across the link between
- * the groups once, then, when the receiving group has several ranks, an all-gather inside it. */
+ * the groups once (sharing the NICs of both nodes with the node's other boundary transfers),
+ * then, when the receiving group has several ranks, an all-gather inside it. */
 static double boundary_seconds(const ff_plan *plan, const ff_plan_stage *from,
-                               const ff_plan_stage *to, double bytes) {
+                               const ff_plan_stage *to, double bytes, const nic_flows *f) {
   const ff_cluster *c = &plan->cluster;
   const ff_plan_rank *x = &from->ranks[0], *y = &to->ranks[0];
-  double t = ff_comm_p2p(bytes, ff_cluster_gpu_link(c, x->node, x->gpu, y->node, y->gpu));
+  ff_link link = ff_cluster_gpu_link(c, x->node, x->gpu, y->node, y->gpu);
+  if (x->node != y->node)
+    link = ff_cluster_shared_link(c, link, x->node, y->node, f->out[x->node], f->in[y->node]);
+  double t = ff_comm_p2p(bytes, link);
   if (to->n_ranks > 1) {
     const ff_plan_rank *z = &to->ranks[1];
     ff_link inner = ff_cluster_gpu_link(c, y->node, y->gpu, z->node, z->gpu);
@@ -98,7 +133,8 @@ static ff_status eval_alloc(const ff_plan *plan, ff_plan_eval *e) {
 }
 
 /* Memory and per-micro-batch time of every rank of one stage; the stage's own times. */
-static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *node, int *gpu) {
+static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *node, int *gpu,
+                       const nic_flows *f) {
   const ff_model *m = &plan->model;
   const ff_training *tr = &plan->training;
   const ff_plan_pipeline *pl = &plan->pipelines[p];
@@ -186,16 +222,18 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
     se->hardware_flops = hw * (double)pl->micro_batches;
   }
   if (s + 1 < pl->n_stages) {
-    se->send_fwd_seconds = boundary_seconds(plan, st, &pl->stages[s + 1], act_bytes);
-    se->send_bwd_seconds = boundary_seconds(plan, &pl->stages[s + 1], st, act_bytes);
+    se->send_fwd_seconds = boundary_seconds(plan, st, &pl->stages[s + 1], act_bytes, f);
+    se->send_bwd_seconds = boundary_seconds(plan, &pl->stages[s + 1], st, act_bytes, f);
   }
 }
 
 /* Gradient all-reduce across pipelines for every rank of a stage; the stage waits for its
  * slowest rank. A DP group is computed once: its members that hold exactly the same layers and
- * heads (the usual case) get the same time without recomputing it. */
+ * heads (the usual case) get the same time without recomputing it. With `count` set, only count
+ * into f->dp the ranks whose group leaves their node (every rank's all-reduce runs at the end of
+ * the iteration, so they share the node's NICs); otherwise time the all-reduces over them. */
 static void eval_stage_dp(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *node, int *gpu,
-                          const ff_plan_rank **peers, bool *done) {
+                          const ff_plan_rank **peers, bool *done, nic_flows *f, bool count) {
   const ff_plan_stage *st = &plan->pipelines[p].stages[s];
   ff_stage_eval *se = &e->pipelines[p].stages[s];
   if (plan->n_pipelines <= 1)
@@ -210,8 +248,14 @@ static void eval_stage_dp(const ff_plan *plan, int p, int s, ff_plan_eval *e, in
         node[q] = peers[q]->node;
         gpu[q] = peers[q]->gpu;
       }
-      re->dp_seconds = ff_comm_allreduce(&plan->cluster, plan->n_pipelines, node, gpu,
-                                         re->params * 4.0);
+      bool leaves = false;
+      for (int q = 1; q < plan->n_pipelines && !leaves; q++)
+        leaves = node[q] != node[0];
+      if (count)
+        f->dp[r->node] += leaves;
+      else
+        re->dp_seconds = ff_comm_allreduce_shared(&plan->cluster, plan->n_pipelines, node, gpu,
+                                                  re->params * 4.0, f->dp);
       done[r->rank] = true;
       for (int q = 0; q < plan->n_pipelines; q++) {
         const ff_plan_rank *x = peers[q];
@@ -220,7 +264,10 @@ static void eval_stage_dp(const ff_plan *plan, int p, int s, ff_plan_eval *e, in
         if (x->heads.first == r->heads.first && x->heads.end == r->heads.end &&
             e->rank_layers[x->rank].first == st->layers.first &&
             e->rank_layers[x->rank].end == st->layers.end) {
-          e->ranks[x->rank].dp_seconds = re->dp_seconds;
+          if (count)
+            f->dp[x->node] += leaves;
+          else
+            e->ranks[x->rank].dp_seconds = re->dp_seconds;
           done[x->rank] = true;
         }
       }
@@ -365,19 +412,27 @@ ff_status ff_evaluate_plan(const ff_plan *plan, ff_plan_eval *out) {
         widest = plan->pipelines[p].stages[s].n_ranks;
   int *node = malloc((size_t)widest * sizeof *node), *gpu = malloc((size_t)widest * sizeof *gpu);
   const ff_plan_rank **peers = malloc((size_t)widest * sizeof *peers);
-  bool *done = calloc((size_t)(plan->n_ranks ? plan->n_ranks : 1), sizeof *done);
-  if (st != FF_OK || !node || !gpu || !peers || !done) {
-    free(node), free(gpu), free(peers), free(done);
+  size_t n_ranks = (size_t)(plan->n_ranks ? plan->n_ranks : 1);
+  bool *done = calloc(n_ranks, sizeof *done);
+  int *per_node = calloc(5 * (size_t)plan->cluster.n_nodes + 1, sizeof *per_node);
+  if (st != FF_OK || !node || !gpu || !peers || !done || !per_node) {
+    free(node), free(gpu), free(peers), free(done), free(per_node);
     ff_plan_eval_free(out);
     return FF_ERR_RUNTIME;
   }
+  int n_nodes = plan->cluster.n_nodes;
+  nic_flows flows = {per_node, per_node + n_nodes, per_node + 2 * n_nodes};
+  count_boundary_flows(plan, &flows, per_node + 3 * n_nodes, per_node + 4 * n_nodes);
   for (int p = 0; p < plan->n_pipelines; p++)
     for (int s = 0; s < plan->pipelines[p].n_stages; s++)
-      eval_stage(plan, p, s, out, node, gpu);
-  for (int p = 0; p < plan->n_pipelines; p++)
-    for (int s = 0; s < plan->pipelines[p].n_stages; s++)
-      eval_stage_dp(plan, p, s, out, node, gpu, peers, done);
-  free(node), free(gpu), free(peers), free(done);
+      eval_stage(plan, p, s, out, node, gpu, &flows);
+  for (int pass = 0; pass < 2; pass++) { /* count the flows, then time the all-reduces */
+    memset(done, 0, n_ranks * sizeof *done);
+    for (int p = 0; p < plan->n_pipelines; p++)
+      for (int s = 0; s < plan->pipelines[p].n_stages; s++)
+        eval_stage_dp(plan, p, s, out, node, gpu, peers, done, &flows, pass == 0);
+  }
+  free(node), free(gpu), free(peers), free(done), free(per_node);
   for (int p = 0; p < plan->n_pipelines && st == FF_OK; p++)
     st = eval_pipeline(plan, p, out);
   if (st != FF_OK) {

@@ -94,6 +94,8 @@ typedef struct ff_node {
   ff_link island; /* when island_gpus > 1 */
   ff_link intra;  /* when island_gpus < gpus */
   int group;      /* index into ff_cluster.groups, or -1 */
+  int nics;       /* network interfaces the node's traffic leaving it shares (default 1) */
+  double nic_bandwidth_gb_per_s; /* per NIC, per direction; 0: each runs at the link used */
 } ff_node;
 
 typedef struct ff_net_group {

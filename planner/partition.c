@@ -340,6 +340,7 @@ static bool add_subset_orders(ff_node_orders *out) {
           o->order[o->n++] = from->order[k];
       o->n_parts = 1;
       o->subset = true;
+      o->metis = from->metis;
       if (!keep_if_new(out, o))
         continue;
       snprintf(o->what, sizeof o->what, "part %d of the %s alone", q + 1, from->what);
@@ -392,6 +393,7 @@ ff_status ff_partition_orders(const ff_graph *g, const bool *active_device, bool
         if (!keep_if_new(out, o))
           continue;
         snprintf(o->what, sizeof o->what, "METIS k=%d seed %d", k, s);
+        o->metis = true;
         out->n++;
       }
   }

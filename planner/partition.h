@@ -24,6 +24,7 @@ typedef struct ff_node_order {
   int *part;    /* part of order[i], nondecreasing */
   int n, n_parts;
   bool subset;   /* one part of another order alone: the rest of the cluster stays idle */
+  bool metis;    /* from a METIS partition (absent with --without partition) */
   char what[64]; /* "canonical order", "METIS k=4 seed 1", "part 1 of METIS k=2 seed 1 alone" */
 } ff_node_order;
 

@@ -84,12 +84,9 @@ restart:
         for (int k2 = j2 == j1 ? k1 + 1 : 0; k2 < best->pipes[j2].n_stages && budget > 0; k2++) {
           const ff_unit *u1 = &best->units[best->pipes[j1].stages[k1].unit];
           const ff_unit *u2 = &best->units[best->pipes[j2].stages[k2].unit];
-          if (u1->device == u2->device && u1->tp == u2->tp &&
-              (u1->node == u2->node || (ctx->cluster->nodes[u1->node].group >= 0 &&
-                                        ctx->cluster->n_overrides == 0 &&
-                                        ctx->cluster->nodes[u1->node].group ==
-                                            ctx->cluster->nodes[u2->node].group)))
-            continue; /* the same kind of unit in the same place: nothing changes */
+          if (u1->device == u2->device && u1->tp == u2->tp && u1->node == u2->node)
+            continue; /* the same kind of unit on the same node: nothing changes (units on
+                       * two nodes of one group differ: they share other NICs) */
           ff_candidate trial;
           if (ff_candidate_copy(best, &trial) != FF_OK)
             return taken;
@@ -304,7 +301,8 @@ done:
 /* Local moves on `c`; the result replaces `*best` when better. `c` is consumed. */
 static void descend_and_keep(ff_search_ctx *ctx, ff_candidate *c, ff_candidate *best,
                              ff_search_origin *how) {
-  int moves = refine_locally(ctx, c, ctx->opts.local_moves);
+  /* a quarter of the budget: the program's solution starts near a local optimum already */
+  int moves = refine_locally(ctx, c, ctx->opts.local_moves / 4);
   if (c->seconds < best->seconds * (1 - 1e-12)) {
     ff_candidate_free(best);
     *best = *c;
@@ -319,7 +317,7 @@ static void descend_and_keep(ff_search_ctx *ctx, ff_candidate *c, ff_candidate *
  * and from where the local moves ended (when they moved), each followed by local moves. The best
  * path wins, so the program never makes a plan worse than the local moves alone. */
 ff_status ff_refine_start(ff_search_ctx *ctx, const ff_candidate *start, ff_candidate *out,
-                              ff_search_origin *how) {
+                          ff_search_origin *how) {
   memset(how, 0, sizeof *how);
   how->ilp = ctx->opts.ilp ? FF_PLAN_ILP_NOT_RUN : FF_PLAN_ILP_OFF;
   if (ff_candidate_copy(start, out) != FF_OK)
@@ -333,11 +331,12 @@ ff_status ff_refine_start(ff_search_ctx *ctx, const ff_candidate *start, ff_cand
     return FF_ERR_RUNTIME;
   const ff_candidate *froms[2] = {start, &after_moves};
   bool ran = false;
-  for (int f = 0; f < (moves > 0 ? 2 : 1); f++)
+  for (int f = 0; f < (moves > 0 ? 2 : 1); f++) {
     if (ilp_refine(ctx, froms[f], ctx->opts.milp_node_budget, &c) == FF_OK) {
       ran = true;
       descend_and_keep(ctx, &c, out, how);
     }
+  }
   if (ran && how->ilp == FF_PLAN_ILP_NOT_RUN)
     how->ilp = FF_PLAN_ILP_NO_GAIN;
   ff_candidate_free(&after_moves);

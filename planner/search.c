@@ -7,7 +7,7 @@
  * slowest stage under memory, the micro-batch split that minimises the closed-form pipeline time
  * (both exact: split.c; the unit and stage models they use: units.c), plus an estimate of the DP
  * all-reduce. Phase 2 scores the best surrogates with the full cost model and simulator, refines
- * the three best distinct plans with local moves and the integer program (refine.c, milp.c),
+ * the five best distinct plans with local moves and the integer program (refine.c, milp.c),
  * and keeps runner-ups. */
 
 #include <math.h>
@@ -23,6 +23,10 @@
 #define MAX_TYPES 64
 #define MAX_TP_OPTIONS 11 /* 1, 2, 4, ..., 1024 */
 #define SURROGATE_KEEP 24
+/* Distinct plans refined: a descent from the best start does not always end in the best local
+ * optimum, and which starts lead where depends on the node orders tried; with 3, the METIS
+ * orders' starts crowded out the one that descended best on flashflex-a 13B (−4.7 %). */
+#define REFINE_STARTS 3
 #define PARTITION_MAX_K 8 /* METIS partitions into 2..8 parts */
 #define PARTITION_SEEDS 2
 #define STRIPE_ORDERS_MAX_NODES 64 /* above it, no striped layouts over partition orders */
@@ -311,10 +315,32 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
   int *modes = malloc((size_t)p_max * sizeof *modes);
   double *stage_t = malloc((size_t)p_max * sizeof *stage_t);
   int64_t *mb = malloc((size_t)D * sizeof *mb);
+  int n_nodes = ctx->cluster->n_nodes;
+  int *node_gpus = calloc(3 * (size_t)n_nodes, sizeof *node_gpus);
   double result = INFINITY;
-  if (!sms || !slow || !layers || !modes || !stage_t || !mb)
+  if (!sms || !slow || !layers || !modes || !stage_t || !mb || !node_gpus)
     goto done;
   double *sum = slow + D, *dp = slow + 2 * D;
+  /* What shares each node's NICs (cost-model.md §5.8): its GPUs in use, whose gradient sums
+   * leave it when a peer is elsewhere, and the stage boundaries that cross it, in the busier
+   * direction (sending first stage or sending last). */
+  int *as_first = node_gpus + n_nodes, *as_second = node_gpus + 2 * n_nodes;
+  for (int j = 0; j < D; j++)
+    for (int k = 0; k < c->pipes[j].n_stages; k++) {
+      const ff_unit *u = &units[c->pipes[j].stages[k].unit];
+      node_gpus[u->node] += u->tp;
+      if (k + 1 < c->pipes[j].n_stages) {
+        const ff_unit *v = &units[c->pipes[j].stages[k + 1].unit];
+        if (v->node != u->node)
+          as_first[u->node]++, as_second[v->node]++;
+      }
+    }
+  for (int x = 0; x < n_nodes; x++)
+    if (as_second[x] > as_first[x])
+      as_first[x] = as_second[x];
+  const int *boundary_flows = as_first;
+  double act_bytes = (double)cf->micro_batch_size * (double)m->seq_len * (double)m->hidden *
+                     (t->precision == FF_PRECISION_BF16 ? 2.0 : 4.0);
   int lo = cf->uniform_mode >= 0 ? cf->uniform_mode : 0;
   int hi = cf->uniform_mode >= 0 ? cf->uniform_mode : FF_SEARCH_MODES - 1;
   if (t->recompute != FF_RECOMPUTE_AUTO)
@@ -399,6 +425,9 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
         const ff_cand_pipe *np = &c->pipes[(j + 1) % D];
         const ff_unit *v = &units[np->stages[k < np->n_stages ? k : np->n_stages - 1].unit];
         ff_link l = ff_cluster_gpu_link(ctx->cluster, u->node, u->first_gpu, v->node, v->first_gpu);
+        if (u->node != v->node)
+          l = ff_cluster_shared_link(ctx->cluster, l, u->node, v->node, node_gpus[u->node],
+                                     node_gpus[v->node]);
         double bytes = (double)layers[k] * costs[cp->stages[k].unit].state_bytes_per_layer /
                        ff_mem_bytes_per_param(t->precision, t->zero1, D) * bpp_grad;
         double tdp = ff_comm_allreduce_ring(D, bytes, l);
@@ -407,6 +436,17 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
       }
     }
   }
+  /* Stage transfers across nodes, forward and backward, on the path of every micro-batch. */
+  for (int j = 0; j < D; j++)
+    for (int k = 0; k + 1 < c->pipes[j].n_stages; k++) {
+      const ff_unit *u = &units[c->pipes[j].stages[k].unit];
+      const ff_unit *v = &units[c->pipes[j].stages[k + 1].unit];
+      ff_link l = ff_cluster_gpu_link(ctx->cluster, u->node, u->first_gpu, v->node, v->first_gpu);
+      if (u->node != v->node)
+        l = ff_cluster_shared_link(ctx->cluster, l, u->node, v->node, boundary_flows[u->node],
+                                   boundary_flows[v->node]);
+      sum[j] += 2.0 * ff_comm_p2p(act_bytes, l);
+    }
   if (cf->equal_batch) {
     for (int j = 0; j < D; j++)
       mb[j] = N / D;
@@ -421,7 +461,7 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
       result = tj;
   }
 done:
-  free(sms), free(slow), free(layers), free(modes), free(stage_t), free(mb);
+  free(sms), free(slow), free(layers), free(modes), free(stage_t), free(mb), free(node_gpus);
   if (!isfinite(result))
     ff_candidate_free(c);
   return result;
@@ -523,6 +563,9 @@ typedef struct enum_state {
   keep_list *keep_part; /* and over the partitions' orders, kept apart so that neither crowds
                          * out the other before the full model decides */
   keep_list *keep_subset; /* and over single parts (the rest idle) */
+  keep_list *keep_metis, *keep_metis_subset; /* the same two over METIS partitions' orders:
+                                              * apart, so the lists above are what a search
+                                              * without them keeps */
   const ff_node_orders *orders; /* node orders of the device types in use */
   ff_unit *units;
   int *part_of;
@@ -530,7 +573,10 @@ typedef struct enum_state {
   int64_t configs;
 } enum_state;
 
-/* Every micro-batch size for one configuration whose order, layout and pipeline count are set. */
+/* Every micro-batch size for one configuration whose order, layout and pipeline count are set.
+ * Returns the best surrogate, of orders other than METIS partitions only: it steers the TP
+ * descent, which thus visits the same TP degrees with or without partitions (they add
+ * candidates, never change the path). */
 static double enumerate_batches(enum_state *es, config *cf, int n_units) {
   ff_search_ctx *ctx = es->ctx;
   double best = INFINITY;
@@ -542,11 +588,13 @@ static double enumerate_batches(enum_state *es, config *cf, int n_units) {
     ff_candidate c;
     es->configs++;
     double s = build_candidate(ctx, cf, es->units, n_units, es->part_of, es->costs, &c);
-    if (s < best)
+    if (s < best && !cf->order->metis)
       best = s;
     keep_list *to = cf->order == &es->orders->items[0] ? es->keep
-                    : cf->order->subset                 ? es->keep_subset
-                                                        : es->keep_part;
+                    : cf->order->subset ? (cf->order->metis ? es->keep_metis_subset
+                                                            : es->keep_subset)
+                    : cf->order->metis  ? es->keep_metis
+                                        : es->keep_part;
     keep_insert(to, &c, s, cf);
   }
   return best;
@@ -759,7 +807,7 @@ static void explain_infeasible(const ff_search_ctx *ctx, char *out, size_t cap) 
 void ff_search_opts_default(ff_search_opts *o) {
   memset(o, 0, sizeof *o);
   o->baseline = FF_BASELINE_NONE;
-  o->milp_node_budget = 300;
+  o->milp_node_budget = 50;
   o->local_moves = 400;
   o->keep = 3;
   o->partition = true;
@@ -863,7 +911,9 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   ff_status st = FF_ERR_RUNTIME;
   type_info types[MAX_TYPES];
   int n_types = type_infos(&ctx, types);
-  keep_list keep = {0}, keep_part = {0}, keep_subset = {0}, scored = {0}, seeds[2] = {{0}};
+  keep_list keep = {0}, keep_part = {0}, keep_subset = {0}, keep_metis = {0},
+            keep_metis_subset = {0}, scored = {0}, scored_base = {0}, scored_metis = {0},
+            seeds[2] = {{0}};
   ff_unit *units = malloc((size_t)cluster->total_gpus * sizeof *units);
   ff_unit_cost *costs = malloc((size_t)cluster->total_gpus * sizeof *costs);
   int *part_of = malloc((size_t)cluster->total_gpus * sizeof *part_of);
@@ -872,7 +922,9 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   best.seconds = INFINITY;
   if (!units || !costs || !part_of || !keep_init(&keep, SURROGATE_KEEP) ||
       !keep_init(&keep_part, SURROGATE_KEEP) || !keep_init(&keep_subset, SURROGATE_KEEP) ||
-      !keep_init(&scored, SURROGATE_KEEP) ||
+      !keep_init(&keep_metis, SURROGATE_KEEP) || !keep_init(&keep_metis_subset, SURROGATE_KEEP) ||
+      !keep_init(&scored, SURROGATE_KEEP) || !keep_init(&scored_base, SURROGATE_KEEP) ||
+      !keep_init(&scored_metis, SURROGATE_KEEP) ||
       ff_graph_build(cluster, training->precision, &ctx.graph) != FF_OK)
     goto done;
   res->lower_bound_seconds = lower_bound(&ctx);
@@ -888,7 +940,8 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
       by_speed[k - 1] = x;
     }
   enum_state es = {.ctx = &ctx, .keep = &keep, .keep_part = &keep_part,
-                   .keep_subset = &keep_subset, .units = units, .part_of = part_of,
+                   .keep_subset = &keep_subset, .keep_metis = &keep_metis,
+                   .keep_metis_subset = &keep_metis_subset, .units = units, .part_of = part_of,
                    .costs = costs};
   int max_idle = opts->baseline == FF_BASELINE_NONE ? n_types - 1 : 0;
   for (int idle = 0; idle <= max_idle; idle++) {
@@ -913,7 +966,8 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
       goto done;
     for (int b = FF_BASELINE_UNIFORM; b <= FF_BASELINE_FLASHFLEX; b++) {
       /* One list for each baseline: neither crowds out the other. */
-      es.keep = es.keep_part = es.keep_subset = &seeds[b - FF_BASELINE_UNIFORM];
+      es.keep = es.keep_part = es.keep_subset = es.keep_metis = es.keep_metis_subset =
+          &seeds[b - FF_BASELINE_UNIFORM];
       config base = base_config(types, n_types, by_speed, 0, (ff_baseline)b);
       ff_node_orders canonical_only;
       es.orders = orders_for((ff_baseline)b, &orders[0], &canonical_only);
@@ -923,9 +977,12 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   if (opts->progress)
     fprintf(stderr, "\n");
 
-  /* Phase 2: the full cost model on the best surrogates. */
-  keep_list *lists[] = {&keep, &keep_part, &keep_subset, &seeds[0], &seeds[1]};
-  for (int list = 0; list < 5; list++) {
+  /* Phase 2: the full cost model on the best surrogates, ranked together (scored) and apart:
+   * those not from METIS partitions (scored_base, as a search without partitions ranks them)
+   * and those from them (scored_metis). */
+  keep_list *lists[] = {&keep, &keep_part, &keep_subset, &seeds[0], &seeds[1], &keep_metis,
+                        &keep_metis_subset};
+  for (int list = 0; list < 7; list++) {
     keep_list *from = lists[list];
     for (int i = 0; i < from->n; i++) {
       ff_candidate *c = &from->items[i];
@@ -935,6 +992,9 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
       if (ff_candidate_copy(c, &copy) != FF_OK)
         goto done;
       keep_insert(&scored, &copy, s, &from->configs[i]);
+      if (ff_candidate_copy(c, &copy) != FF_OK)
+        goto done;
+      keep_insert(list < 5 ? &scored_base : &scored_metis, &copy, s, &from->configs[i]);
     }
   }
   if (scored.n == 0) {
@@ -958,26 +1018,37 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   res->origin = (ff_search_origin){layout_names[scored.configs[0].layout],
                                    scored.configs[0].order->what, FF_PLAN_ILP_OFF, 0};
   if (opts->baseline == FF_BASELINE_NONE) {
-    /* The three best distinct plans, each refined on its own: a greedy descent from the best
-     * start does not always end in the best local optimum. */
-    for (int i = 0, tried = 0; i < scored.n && tried < 3; i++) {
-      if (i > 0 && scored.items[i].seconds == scored.items[i - 1].seconds)
-        continue; /* the same plan reached from another order or list */
-      tried++;
-      ff_candidate refined;
-      ff_search_origin how;
-      if (ff_refine_start(&ctx, &scored.items[i], &refined, &how) != FF_OK)
-        goto done;
-      if (refined.seconds < best.seconds) {
-        ff_candidate_free(&best);
-        best = refined;
-        res->origin = how;
-        res->origin.layout = layout_names[scored.configs[i].layout];
-        res->origin.node_order = scored.configs[i].order->what;
-      } else {
-        ff_candidate_free(&refined);
+    /* The REFINE_STARTS best distinct plans not from METIS partitions (exactly what a search
+     * without them refines, so partitions can only help), then as many from them; each refined
+     * on its own: a greedy descent from the best start does not always end in the best local
+     * optimum. */
+    double tried_seconds[2 * REFINE_STARTS];
+    int n_tried = 0;
+    keep_list *starts[2] = {&scored_base, &scored_metis};
+    for (int set = 0; set < 2; set++)
+      for (int i = 0, tried = 0; i < starts[set]->n && tried < REFINE_STARTS; i++) {
+        const ff_candidate *from = &starts[set]->items[i];
+        bool seen = false; /* the same plan reached from another order or list */
+        for (int k = 0; k < n_tried && !seen; k++)
+          seen = tried_seconds[k] == from->seconds;
+        if (seen)
+          continue;
+        tried++;
+        tried_seconds[n_tried++] = from->seconds;
+        ff_candidate refined;
+        ff_search_origin how;
+        if (ff_refine_start(&ctx, from, &refined, &how) != FF_OK)
+          goto done;
+        if (refined.seconds < best.seconds) {
+          ff_candidate_free(&best);
+          best = refined;
+          res->origin = how;
+          res->origin.layout = layout_names[starts[set]->configs[i].layout];
+          res->origin.node_order = starts[set]->configs[i].order->what;
+        } else {
+          ff_candidate_free(&refined);
+        }
       }
-    }
   }
   res->candidates = ctx.scored;
   res->idle_gpus = (int)cluster->total_gpus;
@@ -997,6 +1068,10 @@ done:
   keep_free(&keep);
   keep_free(&keep_part);
   keep_free(&keep_subset);
+  keep_free(&keep_metis);
+  keep_free(&keep_metis_subset);
+  keep_free(&scored_base);
+  keep_free(&scored_metis);
   keep_free(&seeds[0]);
   keep_free(&seeds[1]);
   keep_free(&scored);

@@ -58,7 +58,7 @@ done
 [ "$cases" -ge 12 ] || fail "the check corpus has only $cases cases"
 
 # ---- diff ----
-base=profiles/plans/flashflex-b-llama-2-7b.json
+base=tests/data/diff/base/flashflex-b-llama-2-7b.json # the shipped example as first planned; the pairs edit it
 checks=$((checks + 1))
 [ "$(run "$ffplan" diff "$base" "$base")" = 0 ] && grep -q "^same plan$" "$tmp/out" || fail "diff of a plan with itself"
 for pair in tests/data/diff/*.json; do

@@ -309,6 +309,49 @@ static void ring_allreduce_follows_the_alpha_beta_formula(void **state) {
   assert_true(fabs(ff_comm_p2p(1e9, l) - (5e-6 + 0.1)) < 1e-12);
 }
 
+/* Two pipelines of one TP-4 stage, one on each of two nodes (tests/data/cost/nic-dp.json): each
+ * rank's gradient all-reduce has its peer on the other node, so the four ranks of a node share
+ * its one NIC and each runs at a quarter of the 1.25 GB/s link — four times one rank's
+ * all-reduce alone, as measured on such clusters (cost-model.md §5.8). Four NICs, or NICs
+ * faster than the link, give each rank the link; slower NICs slow it further. */
+static void gradient_sums_leaving_a_node_share_its_nics(void **state) {
+  (void)state;
+  ff_diag d;
+  ff_diag_init(&d, NULL);
+  ff_plan plan;
+  assert_int_equal(ff_load_plan("tests/data/cost/nic-dp.json", &d, &plan), FF_OK);
+  ff_diag_free(&d);
+  ff_link link = ff_cluster_node_link(&plan.cluster, 0, 1);
+  struct {
+    int nics;
+    double nic_gb_per_s, expect_gb_per_s;
+  } cases[] = {{1, 0, link.bandwidth_gb_per_s / 4}, {4, 0, link.bandwidth_gb_per_s},
+               {2, 0, link.bandwidth_gb_per_s / 2}, {8, 100, link.bandwidth_gb_per_s},
+               {1, 0.5, 0.5 / 4}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    for (int n = 0; n < 2; n++) {
+      plan.cluster.nodes[n].nics = cases[i].nics;
+      plan.cluster.nodes[n].nic_bandwidth_gb_per_s = cases[i].nic_gb_per_s;
+    }
+    ff_plan_eval e;
+    assert_int_equal(ff_evaluate_plan(&plan, &e), FF_OK);
+    ff_link shared = {cases[i].expect_gb_per_s, link.latency_us};
+    for (int r = 0; r < 8; r++) {
+      double want = ff_comm_allreduce_ring(2, e.ranks[r].params * 4.0, shared);
+      assert_true(fabs(e.ranks[r].dp_seconds / want - 1) < 1e-12);
+    }
+    ff_plan_eval_free(&e);
+  }
+  /* One flow alone is never faster than the link, however many and fast the NICs. */
+  for (int n = 0; n < 2; n++) {
+    plan.cluster.nodes[n].nics = 64;
+    plan.cluster.nodes[n].nic_bandwidth_gb_per_s = 100;
+  }
+  ff_link one = ff_cluster_shared_link(&plan.cluster, link, 0, 1, 1, 1);
+  assert_true(one.bandwidth_gb_per_s == link.bandwidth_gb_per_s);
+  ff_plan_free(&plan);
+}
+
 static void measured_layer_times_take_precedence(void **state) {
   (void)state;
   ff_diag d;
@@ -388,6 +431,7 @@ int main(void) {
       cmocka_unit_test(ffrun_holds_18_bytes_per_parameter_in_bf16_and_16_in_fp32),
       cmocka_unit_test(ring_allreduce_follows_the_alpha_beta_formula),
       cmocka_unit_test(measured_layer_times_take_precedence),
+      cmocka_unit_test(gradient_sums_leaving_a_node_share_its_nics),
       cmocka_unit_test(sizes_of_the_largest_readable_model_cannot_overflow),
       cmocka_unit_test(ten_million_micro_batches_simulate_exactly),
   };

@@ -27,11 +27,13 @@
  *    an ultrametric (a ring's slowest link is then the same in any order); elsewhere every
  *    cyclic order of four or more pipelines is scored as well.
  * and a plan is skipped only when a lower bound shows it cannot beat the best plan found so far.
- * Pipelines do not see one another except through the data-parallel all-reduce (ZeRO-1 off), and
- * a plan's time is max over pipelines (makespan, stage finish + DP all-reduce) + max optimizer
- * step. Each pipeline is scored alone (cached by what the cost model sees: devices, TP, links,
- * layers and micro-batches of its stages), which gives its makespan, optimizer step, stage
- * finishes and gradient bytes; the bounds are
+ * Pipelines see one another only through the data-parallel all-reduce (ZeRO-1 off) and through
+ * the NICs of nodes they share (more flows, never faster links), and a plan's time is max over
+ * pipelines (makespan, stage finish + DP all-reduce) + max optimizer step. Each pipeline is
+ * scored alone (cached by what the cost model sees: devices, TP, links, which stages share a
+ * node, layers and micro-batches), which gives its makespan, optimizer step, stage finishes and
+ * gradient bytes, each no more than beside other pipelines; complete plans are scored whole.
+ * The bounds are
  *  - max makespan + max optimizer step, and with several pipelines each stage's finish plus the
  *    least time its all-reduce can take: bytes over its fastest link (score_option), and, once
  *    the peer in another pipeline is known and the links are an ultrametric, over the link to
@@ -490,7 +492,7 @@ enum {
   BF_MAX_TYPES = 128,
   BF_MAX_NODES = 16,
   BF_MAX_TILINGS = 1024,
-  BF_KEY = 2 + 2 * BF_MAX_STAGES,
+  BF_KEY = 2 + 3 * BF_MAX_STAGES,
 };
 
 typedef struct bf_unit {
@@ -833,8 +835,14 @@ static void sequence_key(const bf_search *s, const bf_pipe *p, uint8_t *key) {
   key[0] = (uint8_t)s->mbs_index;
   key[1] = (uint8_t)p->n_stages;
   for (int k = 0; k < p->n_stages; k++) {
-    key[2 + 2 * k] = (uint8_t)s->units[p->unit[k]].type;
-    key[3 + 2 * k] = k + 1 < p->n_stages ? s->boundary[p->unit[k]][p->unit[k + 1]] : 255;
+    key[2 + 3 * k] = (uint8_t)s->units[p->unit[k]].type;
+    key[3 + 3 * k] = k + 1 < p->n_stages ? s->boundary[p->unit[k]][p->unit[k + 1]] : 255;
+    /* which earlier stage shares its node: stage transfers leaving a node share its NICs */
+    int same = k;
+    for (int j = 0; j < k && same == k; j++)
+      if (s->units[p->unit[j]].node == s->units[p->unit[k]].node)
+        same = j;
+    key[4 + 3 * k] = (uint8_t)same;
   }
 }
 
@@ -1189,7 +1197,8 @@ static void next_pipeline(bf_search *s, int64_t left, bf_bound b) {
 static bool are_twins(const bf_search *s, int a, int b) {
   const ff_cluster *c = &s->in->cluster;
   const bf_unit *x = &s->units[a], *y = &s->units[b];
-  if (x->type != y->type)
+  if (x->type != y->type || c->nodes[x->node].nics != c->nodes[y->node].nics ||
+      c->nodes[x->node].nic_bandwidth_gb_per_s != c->nodes[y->node].nic_bandwidth_gb_per_s)
     return false;
   for (int i = 0; i < x->tp; i++)
     for (int j = 0; j < y->tp; j++)
@@ -1263,7 +1272,8 @@ static void prepare_unit_set(bf_search *s) {
  * and the same link to every other node. */
 static bool nodes_interchangeable(const ff_cluster *c, int a, int b) {
   const ff_node *x = &c->nodes[a], *y = &c->nodes[b];
-  if (x->device != y->device || x->gpus != y->gpus || x->island_gpus != y->island_gpus)
+  if (x->device != y->device || x->gpus != y->gpus || x->island_gpus != y->island_gpus ||
+      x->nics != y->nics || x->nic_bandwidth_gb_per_s != y->nic_bandwidth_gb_per_s)
     return false;
   for (int i = 0; i < x->gpus; i++)
     for (int j = 0; j < x->gpus; j++)

@@ -108,7 +108,7 @@ typedef struct ff_model_rank {
  * operands, else fp32 throughout.
  * FF_RECOMPUTE_FULL keeps only each layer's input; `none` and `selective` keep the same (this
  * attention never stores its scores, which is all selective recompute would drop). What is
- * allocated is what ff_mem_rank_activations (common/ff_cost.h) predicts. */
+ * allocated is what ff_mem_rank_activations (cost/ff_cost.h) predicts. */
 ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_kernels *k,
                              const ff_shard_spec *spec, int64_t micro_batch, int n_slots,
                              bool bf16, ff_recompute recompute);

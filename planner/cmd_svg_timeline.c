@@ -1,5 +1,5 @@
 /* cmd_svg_timeline.c — the --timeline part of `ffplan svg`: each pipeline's schedule replayed in
- * the order of common/ff_sim.c (1F1B: min(p−i−1, m) warm-up forwards on stage i, then one forward
+ * the order of cost/ff_sim.c (1F1B: min(p−i−1, m) warm-up forwards on stage i, then one forward
  * and one backward per round, then the cool-down; or GPipe) with the same arithmetic, recording
  * when each forward and backward starts and ends, and drawn as a Gantt chart with one lane per
  * stage. At most MAX_PIPES pipelines and the first MAX_MB micro-batches of each are drawn. */
@@ -35,7 +35,7 @@ typedef struct tl_sim {
   tl_pipe *out;
 } tl_sim;
 
-/* One operation, with the arithmetic of common/ff_sim.c, so the times are the simulator's. */
+/* One operation, with the arithmetic of cost/ff_sim.c, so the times are the simulator's. */
 static void tl_run(tl_sim *s, int i, int j, bool bwd) {
   int p = s->out->p, m = s->out->m;
   double ready;
@@ -53,7 +53,7 @@ static void tl_run(tl_sim *s, int i, int j, bool bwd) {
 
 static int tl_warmup(int p, int i, int m) { return p - i - 1 < m ? p - i - 1 : m; }
 
-/* The order of run_1f1b in common/ff_sim.c: warm-up forwards stage by stage, then rounds of one
+/* The order of run_1f1b in cost/ff_sim.c: warm-up forwards stage by stage, then rounds of one
  * forward and one backward from the last stage to the first, then the cool-down backwards. */
 static void tl_1f1b(tl_sim *s) {
   int p = s->out->p, m = s->out->m, rounds = 0;

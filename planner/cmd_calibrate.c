@@ -81,6 +81,29 @@ static ff_status read_metrics(const char *file, const ff_plan *plan, measured *m
       free(rows);
       return FF_ERR_INPUT;
     }
+    const cJSON *step = cJSON_GetObjectItem(o, "step_seconds");
+    const char *bad = !cJSON_IsNumber(step) || !(step->valuedouble >= 0) ||
+                              !isfinite(step->valuedouble)
+                          ? "step_seconds"
+                          : NULL;
+    int bad_stage = -1, i = 0;
+    for (const cJSON *s = stages->child; s && !bad; s = s->next, i++)
+      for (int t = 0; t < TERM_COUNT && !bad; t++) {
+        const cJSON *v = cJSON_GetObjectItem(s, term_keys[t]);
+        if (v && (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || !isfinite(v->valuedouble)))
+          bad = term_keys[t], bad_stage = i; /* absent: not measured, counted as 0 */
+      }
+    if (bad) {
+      if (bad_stage >= 0)
+        fprintf(stderr, "%s: line %d: stages[%d].%s: expected a number >= 0\n", file, line_no,
+                bad_stage, bad);
+      else
+        fprintf(stderr, "%s: line %d: step_seconds: expected a number >= 0\n", file, line_no);
+      cJSON_Delete(o);
+      free(text);
+      free(rows);
+      return FF_ERR_INPUT;
+    }
     if (line_no > 1) { /* the first step warms up caches and the allocator */
       if (m->steps == cap) {
         cap = cap ? 2 * cap : 64;
@@ -92,7 +115,7 @@ static ff_status read_metrics(const char *file, const ff_plan *plan, measured *m
         rows = grown;
       }
       double *row = rows + (size_t)m->steps * width;
-      int i = 0;
+      i = 0;
       for (const cJSON *s = stages->child; s; s = s->next, i++)
         for (int t = 0; t < TERM_COUNT; t++) {
           const cJSON *v = cJSON_GetObjectItem(s, term_keys[t]);
@@ -104,7 +127,7 @@ static ff_status read_metrics(const char *file, const ff_plan *plan, measured *m
             m->have_memory &= cJSON_IsNumber(v);
           }
         }
-      row[width - 1] = cJSON_GetObjectItem(o, "step_seconds")->valuedouble;
+      row[width - 1] = step->valuedouble;
       m->steps++;
     }
     cJSON_Delete(o);

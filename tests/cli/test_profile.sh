@@ -121,5 +121,32 @@ ok &= abs(f["nodes"][0]["island_bandwidth_gb_per_s"] / b["nodes"][0]["island_ban
 sys.exit(0 if ok else 1)
 PY
 
+# calibrate refuses a metrics line without step_seconds, or with a stage term that is not a
+# number >= 0, with the file, line and key and exit status 2 (it used to crash on the first)
+python3 - "$tmp" <<'PY'
+import json, sys
+d = sys.argv[1]
+lines = [json.loads(l) for l in open(d + "/metrics.jsonl")]
+a = [dict(l) for l in lines]
+del a[1]["step_seconds"]
+open(d + "/no-step.jsonl", "w").write("".join(json.dumps(l) + "\n" for l in a))
+b = json.loads(json.dumps(lines))
+b[0]["stages"][1]["compute_seconds"] = "fast"
+open(d + "/bad-term.jsonl", "w").write("".join(json.dumps(l) + "\n" for l in b))
+PY
+for case in "no-step:line 2: step_seconds: expected a number >= 0" \
+            "bad-term:line 1: stages[1].compute_seconds: expected a number >= 0"; do
+  name=${case%%:*}
+  want=${case#*:}
+  checks=$((checks + 1))
+  "$ffplan" calibrate --plan profiles/plans/tiny-asym.json --metrics "$tmp/$name.jsonl" \
+    --cluster "$tmp/base.json" -o "$tmp/never.json" >"$tmp/out" 2>"$tmp/err"
+  status=$?
+  if [ "$status" != 2 ] || ! grep -qF -- "$tmp/$name.jsonl: $want" "$tmp/err" || [ -e "$tmp/never.json" ]; then
+    fail "calibrate on $name metrics: status $status (expected 2, no output file), stderr:"
+    sed 's/^/    /' "$tmp/err"
+  fi
+done
+
 echo "profile: $checks checks, $failures failed"
 [ "$failures" -eq 0 ]

@@ -7,8 +7,8 @@
  * slowest stage under memory, the micro-batch split that minimises the closed-form pipeline time
  * (both exact: split.c; the unit and stage models they use: units.c), plus an estimate of the DP
  * all-reduce. Phase 2 scores the best surrogates with the full cost model and simulator, refines
- * the five best distinct plans with local moves and the integer program (refine.c, milp.c),
- * and keeps runner-ups. */
+ * the three best distinct plans not from METIS partitions and the three best from them with
+ * local moves and the integer program (refine.c, milp.c), and keeps runner-ups. */
 
 #include <math.h>
 #include <stdio.h>
@@ -23,9 +23,10 @@
 #define MAX_TYPES 64
 #define MAX_TP_OPTIONS 11 /* 1, 2, 4, ..., 1024 */
 #define SURROGATE_KEEP 24
-/* Distinct plans refined: a descent from the best start does not always end in the best local
- * optimum, and which starts lead where depends on the node orders tried; with 3, the METIS
- * orders' starts crowded out the one that descended best on flashflex-a 13B (−4.7 %). */
+/* Distinct plans refined from each of the two sets (not from METIS partitions; from them): a
+ * descent from the best start does not always end in the best local optimum. Taken from the
+ * two sets together, the METIS orders' starts crowded out the one that descended best
+ * (flashflex-a 13B, −4.7 % without partitions). */
 #define REFINE_STARTS 3
 #define PARTITION_MAX_K 8 /* METIS partitions into 2..8 parts */
 #define PARTITION_SEEDS 2
@@ -913,7 +914,7 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   int n_types = type_infos(&ctx, types);
   keep_list keep = {0}, keep_part = {0}, keep_subset = {0}, keep_metis = {0},
             keep_metis_subset = {0}, scored = {0}, scored_base = {0}, scored_metis = {0},
-            seeds[2] = {{0}};
+            seeds[2] = {{0}}, seeds_metis[2] = {{0}};
   ff_unit *units = malloc((size_t)cluster->total_gpus * sizeof *units);
   ff_unit_cost *costs = malloc((size_t)cluster->total_gpus * sizeof *costs);
   int *part_of = malloc((size_t)cluster->total_gpus * sizeof *part_of);
@@ -962,12 +963,13 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   /* The planner's space contains the baselines' plans: their best shapes are candidates too,
    * so the result is never worse than either baseline. */
   if (opts->baseline == FF_BASELINE_NONE) {
-    if (!keep_init(&seeds[0], SURROGATE_KEEP) || !keep_init(&seeds[1], SURROGATE_KEEP))
+    if (!keep_init(&seeds[0], SURROGATE_KEEP) || !keep_init(&seeds[1], SURROGATE_KEEP) ||
+        !keep_init(&seeds_metis[0], SURROGATE_KEEP) || !keep_init(&seeds_metis[1], SURROGATE_KEEP))
       goto done;
     for (int b = FF_BASELINE_UNIFORM; b <= FF_BASELINE_FLASHFLEX; b++) {
       /* One list for each baseline: neither crowds out the other. */
-      es.keep = es.keep_part = es.keep_subset = es.keep_metis = es.keep_metis_subset =
-          &seeds[b - FF_BASELINE_UNIFORM];
+      es.keep = es.keep_part = es.keep_subset = &seeds[b - FF_BASELINE_UNIFORM];
+      es.keep_metis = es.keep_metis_subset = &seeds_metis[b - FF_BASELINE_UNIFORM];
       config base = base_config(types, n_types, by_speed, 0, (ff_baseline)b);
       ff_node_orders canonical_only;
       es.orders = orders_for((ff_baseline)b, &orders[0], &canonical_only);
@@ -980,9 +982,9 @@ ff_status ff_search(const ff_cluster *cluster, const ff_model *model, const ff_t
   /* Phase 2: the full cost model on the best surrogates, ranked together (scored) and apart:
    * those not from METIS partitions (scored_base, as a search without partitions ranks them)
    * and those from them (scored_metis). */
-  keep_list *lists[] = {&keep, &keep_part, &keep_subset, &seeds[0], &seeds[1], &keep_metis,
-                        &keep_metis_subset};
-  for (int list = 0; list < 7; list++) {
+  keep_list *lists[] = {&keep, &keep_part, &keep_subset, &seeds[0], &seeds[1], /* base */
+                        &keep_metis, &keep_metis_subset, &seeds_metis[0], &seeds_metis[1]};
+  for (int list = 0; list < 9; list++) {
     keep_list *from = lists[list];
     for (int i = 0; i < from->n; i++) {
       ff_candidate *c = &from->items[i];
@@ -1074,6 +1076,8 @@ done:
   keep_free(&scored_metis);
   keep_free(&seeds[0]);
   keep_free(&seeds[1]);
+  keep_free(&seeds_metis[0]);
+  keep_free(&seeds_metis[1]);
   keep_free(&scored);
   free(units);
   free(costs);

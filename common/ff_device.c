@@ -149,6 +149,11 @@ ff_status ff_device_from_json(const cJSON *v, const char *path, bool inline_ok, 
       } else if (ff_jobj_get(&mo, "gemm", false)) {
         ok = false;
       }
+      if (ff_jobj_get(&mo, "memory_gb_per_s", false))
+        ok &= ff_jobj_num(&mo, "memory_gb_per_s", false, FF_POSITIVE(100000),
+                          &out->measured_memory_gb_per_s);
+      if (ff_jobj_get(&mo, "source", false))
+        ok &= ff_jobj_text(&mo, "source", false, 4096, &out->measured_source);
       const cJSON *layers = ff_jobj_array(&mo, "layers", false, 0, 100000);
       if (layers) {
         ff_jobj_path(&mo, "layers", q, sizeof q);
@@ -191,6 +196,10 @@ cJSON *ff_device_to_json(const ff_device *dev, bool with_format) {
     cJSON_AddNumberToObject(o, "emulated_slowdown", dev->emulated_slowdown);
   if (dev->has_measured) {
     cJSON *m = cJSON_AddObjectToObject(o, "measured");
+    if (dev->measured_source)
+      cJSON_AddStringToObject(m, "source", dev->measured_source);
+    if (dev->measured_memory_gb_per_s > 0)
+      cJSON_AddNumberToObject(m, "memory_gb_per_s", dev->measured_memory_gb_per_s);
     cJSON *gemm = cJSON_AddArrayToObject(m, "gemm");
     for (int i = 0; i < dev->n_gemm; i++) {
       const ff_gemm_measure *g = &dev->gemm[i];
@@ -222,6 +231,7 @@ void ff_device_free(ff_device *dev) {
   free(dev->vendor);
   free(dev->architecture);
   free(dev->source);
+  free(dev->measured_source);
   free(dev->gemm);
   free(dev->layers);
   free(dev->ref);
@@ -234,6 +244,7 @@ ff_status ff_device_copy(const ff_device *src, ff_device *dst) {
   dst->architecture = src->architecture ? strdup(src->architecture) : NULL;
   dst->source = src->source ? strdup(src->source) : NULL;
   dst->ref = src->ref ? strdup(src->ref) : NULL;
+  dst->measured_source = src->measured_source ? strdup(src->measured_source) : NULL;
   dst->gemm = NULL;
   dst->layers = NULL;
   if (src->n_gemm) {
@@ -248,6 +259,7 @@ ff_status ff_device_copy(const ff_device *src, ff_device *dst) {
   }
   if ((src->vendor && !dst->vendor) || (src->architecture && !dst->architecture) ||
       (src->source && !dst->source) || (src->ref && !dst->ref) || (src->n_gemm && !dst->gemm) ||
+      (src->measured_source && !dst->measured_source) ||
       (src->n_layers && !dst->layers)) {
     ff_device_free(dst);
     return FF_ERR_RUNTIME;

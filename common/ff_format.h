@@ -73,6 +73,8 @@ typedef struct ff_device {
   double runtime_reserve_gib;
   double emulated_slowdown; /* ≥ 1 on an emulated device (tests and demos), else 0 (absent) */
   bool has_measured;
+  double measured_memory_gb_per_s; /* achieved streaming bandwidth, 0 when not measured */
+  char *measured_source;           /* where the measurements come from, or NULL */
   ff_gemm_measure *gemm;
   int n_gemm;
   ff_layer_measure *layers;

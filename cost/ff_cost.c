@@ -144,22 +144,47 @@ double ff_peak_flops(const ff_device *dev, ff_precision prec) {
   return tflops * 1e12;
 }
 
-/* Efficiency of the measured shape nearest to (m, n, k) in log space, or the default. */
+/* GEMM efficiency (achieved / dense peak, at most 1) for C(m×n) = A(m×k)·B(k×n) from the
+ * device's measured.gemm entries of the training dtype (bf16 training: bf16 entries, else fp16
+ * ones, as the peak falls back; fp32: fp32): an entry of exactly this shape if there is one;
+ * else, against the geometric mean size g = (m·n·k)^(1/3), linear in ln g between the nearest
+ * entries below and above (the first listed on a tie), and the end entry's value beyond the
+ * ends. Without entries, FF_COST_GEMM_EFFICIENCY. */
 static double gemm_efficiency(const ff_device *dev, ff_precision prec, double m, double n,
                               double k) {
   ff_dtype want = prec == FF_PRECISION_BF16 ? FF_DTYPE_BF16 : FF_DTYPE_FP32;
-  double best = INFINITY, eff = FF_COST_GEMM_EFFICIENCY;
-  double peak = ff_peak_flops(dev, prec);
+  if (want == FF_DTYPE_BF16) {
+    bool any = false;
+    for (int i = 0; i < dev->n_gemm && !any; i++)
+      any = dev->gemm[i].dtype == FF_DTYPE_BF16;
+    if (!any)
+      want = FF_DTYPE_FP16;
+  }
+  double peak = ff_peak_flops(dev, prec), lg = log(m * n * k) / 3.0;
+  const ff_gemm_measure *lo = NULL, *hi = NULL;
+  double lg_lo = 0.0, lg_hi = 0.0;
   for (int i = 0; i < dev->n_gemm; i++) {
     const ff_gemm_measure *g = &dev->gemm[i];
     if (g->dtype != want)
       continue;
-    double dm = log((double)g->m / m), dn = log((double)g->n / n), dk = log((double)g->k / k);
-    double dist = dm * dm + dn * dn + dk * dk;
-    if (dist < best) {
-      best = dist;
-      eff = g->tflops * 1e12 / peak;
+    if ((double)g->m == m && (double)g->n == n && (double)g->k == k) {
+      lo = hi = g;
+      break;
     }
+    double x = log((double)g->m * (double)g->n * (double)g->k) / 3.0;
+    if (x <= lg && (!lo || x > lg_lo))
+      lo = g, lg_lo = x;
+    if (x >= lg && (!hi || x < lg_hi))
+      hi = g, lg_hi = x;
+  }
+  double eff;
+  if (!lo && !hi)
+    eff = FF_COST_GEMM_EFFICIENCY;
+  else if (!lo || !hi || lo == hi || lg_hi <= lg_lo)
+    eff = (lo ? lo : hi)->tflops * 1e12 / peak;
+  else {
+    double e_lo = lo->tflops * 1e12 / peak, e_hi = hi->tflops * 1e12 / peak;
+    eff = e_lo + (e_hi - e_lo) * (lg - lg_lo) / (lg_hi - lg_lo);
   }
   return eff > 1.0 ? 1.0 : eff;
 }
@@ -174,8 +199,15 @@ double ff_time_gemm(const ff_device *dev, ff_precision prec, double m, double n,
   return compute > traffic ? compute : traffic;
 }
 
+/* Streaming kernels run at the device's measured bandwidth (at most the datasheet's), or at
+ * FF_COST_MEMORY_EFFICIENCY of the datasheet without a measurement. */
 double ff_time_memory(const ff_device *dev, double bytes) {
-  return bytes / (dev->memory_bandwidth_gb_per_s * 1e9 * FF_COST_MEMORY_EFFICIENCY);
+  double bw = dev->memory_bandwidth_gb_per_s * FF_COST_MEMORY_EFFICIENCY;
+  if (dev->measured_memory_gb_per_s > 0)
+    bw = dev->measured_memory_gb_per_s < dev->memory_bandwidth_gb_per_s
+             ? dev->measured_memory_gb_per_s
+             : dev->memory_bandwidth_gb_per_s;
+  return bytes / (bw * 1e9);
 }
 
 /* ---- communication ---------------------------------------------------------------------- */

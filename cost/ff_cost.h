@@ -141,16 +141,26 @@ double ff_mem_logits_bytes(const ff_model *m, ff_shard sh, double b, ff_precisio
 
 /* ---- the pipeline simulator ------------------------------------------------------------- */
 
-/* Event simulation of one pipeline of p stages and m micro-batches in the real 1F1B order
- * (Narayanan et al. SC'21; warm-up min(p−i−1, m) forwards on stage i) or GPipe (all forwards,
- * then all backwards). fwd[i], bwd[i]: seconds per micro-batch on stage i; send_fwd[i],
- * send_bwd[i]: seconds to move activations / gradients across boundary i→i+1 (p−1 entries, may
- * be NULL for none). Transfers overlap compute. Returns the pipeline's makespan; optional
- * outputs: finish[i] (when stage i ends its last backward), busy[i] (compute seconds), and
- * peak[i] (most micro-batches whose activations stage i holds at once). */
+/* Event simulation of one pipeline of p stages and m micro-batches as ffrun runs it (cost/ff_sim.c,
+ * docs/cost-model.md §6): 1F1B (Narayanan et al. SC'21; warm-up min(p−i−1, m) forwards on stage
+ * i) or GPipe (all forwards, then all backwards), with a blocking exchange between two operations
+ * whose transfers start when both of their ends have reached them and hold both until done.
+ * fwd[i], bwd[i]: seconds per micro-batch on stage i; send_fwd[i], send_bwd[i]: seconds to move
+ * activations / gradients across boundary i→i+1 (p−1 entries, may be NULL for none). Returns the
+ * pipeline's makespan (−1 when out of memory); optional outputs: finish[i] (when stage i ends its
+ * last operation), busy[i] (compute seconds), and peak[i] (most micro-batches whose activations
+ * stage i holds at once). */
 double ff_sim_pipeline(ff_schedule schedule, int p, int64_t m, const double *fwd,
                        const double *bwd, const double *send_fwd, const double *send_bwd,
                        double *finish, double *busy, int64_t *peak);
+/* Called for each forward or backward, in the order the simulation runs them. */
+typedef void (*ff_sim_observer)(void *ctx, int stage, int64_t micro_batch, bool backward,
+                                double start, double end);
+/* ff_sim_pipeline, telling observe (when not NULL) each operation's start and end. */
+double ff_sim_pipeline_observed(ff_schedule schedule, int p, int64_t m, const double *fwd,
+                                const double *bwd, const double *send_fwd,
+                                const double *send_bwd, double *finish, double *busy,
+                                int64_t *peak, ff_sim_observer observe, void *ctx);
 /* (m−1)·max tᵢ + Σ tᵢ with tᵢ = fwd[i] + bwd[i]: exact for equal stages, an upper bound for
  * 1F1B otherwise; the planner's linear surrogate. */
 double ff_sim_closed_form(int p, int64_t m, const double *fwd, const double *bwd);

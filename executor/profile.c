@@ -341,6 +341,9 @@ static cJSON *build_cluster(const measure *all, int size, const ff_model *model,
     if (all[r].slowdown > 1)
       cJSON_AddNumberToObject(d, "emulated_slowdown", all[r].slowdown);
     cJSON *meas = cJSON_AddObjectToObject(d, "measured");
+    cJSON_AddStringToObject(meas, "source", "ffrun profile: the median over the node's ranks of "
+                            "each GEMM's throughput and of a streaming kernel's bandwidth");
+    cJSON_AddNumberToObject(meas, "memory_gb_per_s", median(v, n));
     cJSON *gemm = cJSON_AddArrayToObject(meas, "gemm");
     for (int g = 0; g < all[r].n_gemm; g++) {
       for (int i = 0; i < n; i++)

@@ -1,8 +1,7 @@
-/* cmd_svg_timeline.c — the --timeline part of `ffplan svg`: each pipeline's schedule replayed in
- * the order of cost/ff_sim.c (1F1B: min(p−i−1, m) warm-up forwards on stage i, then one forward
- * and one backward per round, then the cool-down; or GPipe) with the same arithmetic, recording
- * when each forward and backward starts and ends, and drawn as a Gantt chart with one lane per
- * stage. At most MAX_PIPES pipelines and the first MAX_MB micro-batches of each are drawn. */
+/* cmd_svg_timeline.c — the --timeline part of `ffplan svg`: each pipeline's schedule run by the
+ * cost model's simulator (cost/ff_sim.c), recording when each forward and backward starts and
+ * ends, and drawn as a Gantt chart with one lane per stage. At most MAX_PIPES pipelines and the
+ * first MAX_MB micro-batches of each are drawn. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,107 +27,48 @@ typedef struct tl_pipe {
 
 /* ---- the replay ------------------------------------------------------------------------- */
 
-typedef struct tl_sim {
-  const double *fwd, *bwd, *send_fwd, *send_bwd;
-  double *fdone, *bdone, *free_at; /* [stage][micro-batch] finish times; per stage */
+typedef struct tl_rec {
   int *n_ops;
   tl_pipe *out;
-} tl_sim;
+} tl_rec;
 
-/* One operation, with the arithmetic of cost/ff_sim.c, so the times are the simulator's. */
-static void tl_run(tl_sim *s, int i, int j, bool bwd) {
-  int p = s->out->p, m = s->out->m;
-  double ready;
-  if (!bwd)
-    ready = i == 0 ? 0.0 : s->fdone[(size_t)(i - 1) * m + j] + s->send_fwd[i - 1];
-  else
-    ready = i == p - 1 ? s->fdone[(size_t)i * m + j]
-                       : s->bdone[(size_t)(i + 1) * m + j] + s->send_bwd[i];
-  double start = s->free_at[i] > ready ? s->free_at[i] : ready;
-  double end = start + (bwd ? s->bwd[i] : s->fwd[i]);
-  s->free_at[i] = end;
-  (bwd ? s->bdone : s->fdone)[(size_t)i * m + j] = end;
-  s->out->ops[(size_t)i * 2 * m + s->n_ops[i]++] = (tl_op){start, end, j, bwd};
+static void tl_record(void *ctx, int stage, int64_t mb, bool bwd, double start, double end) {
+  tl_rec *r = ctx;
+  r->out->ops[(size_t)stage * 2 * (size_t)r->out->m + (size_t)r->n_ops[stage]++] =
+      (tl_op){start, end, (int)mb, bwd};
 }
 
-static int tl_warmup(int p, int i, int m) { return p - i - 1 < m ? p - i - 1 : m; }
-
-/* The order of run_1f1b in cost/ff_sim.c: warm-up forwards stage by stage, then rounds of one
- * forward and one backward from the last stage to the first, then the cool-down backwards. */
-static void tl_1f1b(tl_sim *s) {
-  int p = s->out->p, m = s->out->m, rounds = 0;
-  for (int i = 0; i < p; i++) {
-    int w = tl_warmup(p, i, m);
-    for (int j = 0; j < w; j++)
-      tl_run(s, i, j, false);
-    if (m - w > rounds)
-      rounds = m - w;
-  }
-  for (int r = 0; r < rounds; r++)
-    for (int i = p - 1; i >= 0; i--) {
-      int w = tl_warmup(p, i, m);
-      if (r < m - w) {
-        tl_run(s, i, w + r, false);
-        tl_run(s, i, r, true);
-      }
-    }
-  for (int c = 0; c < p; c++)
-    for (int i = p - 1; i >= 0; i--) {
-      int w = tl_warmup(p, i, m);
-      if (c < w)
-        tl_run(s, i, m - w + c, true);
-    }
-}
-
-static void tl_gpipe(tl_sim *s) {
-  for (int i = 0; i < s->out->p; i++)
-    for (int j = 0; j < s->out->m; j++)
-      tl_run(s, i, j, false);
-  for (int i = s->out->p - 1; i >= 0; i--)
-    for (int j = 0; j < s->out->m; j++)
-      tl_run(s, i, j, true);
-}
-
-/* Replay pipeline pi's schedule for its first min(m, MAX_MB) micro-batches. */
+/* Replay pipeline pi's schedule for its first min(m, MAX_MB) micro-batches, through the cost
+ * model's own simulator (cost/ff_sim.c), which reports each operation as it runs it. */
 static ff_status tl_replay(const ff_plan *plan, const ff_plan_eval *e, int pi, tl_pipe *out) {
   const ff_pipeline_eval *pe = &e->pipelines[pi];
   int n = plan->pipelines[pi].n_stages;
   int64_t mb = plan->pipelines[pi].micro_batches;
   out->p = n;
   out->m = mb < MAX_MB ? (int)mb : MAX_MB;
-  size_t cells = (size_t)n * (size_t)out->m;
-  double *buf = malloc(((size_t)n * 5 + 2 * cells) * sizeof *buf);
+  double *buf = malloc((size_t)n * 4 * sizeof *buf);
   int *n_ops = calloc((size_t)n, sizeof *n_ops);
-  out->ops = malloc(2 * cells * sizeof *out->ops);
+  out->ops = malloc(2 * (size_t)n * (size_t)out->m * sizeof *out->ops);
   if (!buf || !n_ops || !out->ops) {
     free(buf), free(n_ops);
     fprintf(stderr, "ffplan svg: out of memory replaying pipeline %d\n", pi);
     return FF_ERR_RUNTIME;
   }
-  tl_sim s = {.fwd = buf,
-              .bwd = buf + n,
-              .send_fwd = buf + 2 * n,
-              .send_bwd = buf + 3 * n,
-              .free_at = buf + 4 * n,
-              .fdone = buf + 5 * n,
-              .bdone = buf + 5 * n + cells,
-              .n_ops = n_ops,
-              .out = out};
   for (int i = 0; i < n; i++) {
     buf[i] = pe->stages[i].fwd_seconds;
     buf[n + i] = pe->stages[i].bwd_seconds;
     buf[2 * n + i] = pe->stages[i].send_fwd_seconds;
     buf[3 * n + i] = pe->stages[i].send_bwd_seconds;
-    buf[4 * n + i] = 0.0;
   }
-  if (plan->training.schedule == FF_SCHEDULE_GPIPE)
-    tl_gpipe(&s);
-  else
-    tl_1f1b(&s);
-  out->makespan = 0.0;
-  for (int i = 0; i < n; i++)
-    out->makespan = svg_max(out->makespan, s.free_at[i]);
+  tl_rec rec = {n_ops, out};
+  out->makespan = ff_sim_pipeline_observed(plan->training.schedule, n, out->m, buf, buf + n,
+                                           buf + 2 * n, buf + 3 * n, NULL, NULL, NULL, tl_record,
+                                           &rec);
   free(buf), free(n_ops);
+  if (out->makespan < 0) {
+    fprintf(stderr, "ffplan svg: out of memory replaying pipeline %d\n", pi);
+    return FF_ERR_RUNTIME;
+  }
   return FF_OK;
 }
 

@@ -315,11 +315,12 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
   int64_t *layers = malloc((size_t)p_max * sizeof *layers);
   int *modes = malloc((size_t)p_max * sizeof *modes);
   double *stage_t = malloc((size_t)p_max * sizeof *stage_t);
+  double *times = malloc((size_t)D * (size_t)p_max * sizeof *times); /* [pipeline][stage] */
   int64_t *mb = malloc((size_t)D * sizeof *mb);
   int n_nodes = ctx->cluster->n_nodes;
   int *node_gpus = calloc(3 * (size_t)n_nodes, sizeof *node_gpus);
   double result = INFINITY;
-  if (!sms || !slow || !layers || !modes || !stage_t || !mb || !node_gpus)
+  if (!sms || !slow || !layers || !modes || !stage_t || !times || !mb || !node_gpus)
     goto done;
   double *sum = slow + D, *dp = slow + 2 * D;
   /* What shares each node's NICs (cost-model.md §5.8): its GPUs in use, whose gradient sums
@@ -369,8 +370,7 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
       for (int k = 0; k < p; k++)
         cp->stages[k] = (ff_cand_stage){cp->stages[k].unit, c->pipes[twin].stages[k].layers,
                                         c->pipes[twin].stages[k].recompute};
-      slow[j] = slow[twin];
-      sum[j] = sum[twin];
+      memcpy(times + (size_t)j * p_max, times + (size_t)twin * p_max, (size_t)p * sizeof *times);
     } else {
       if (n_reps < 8)
         reps[n_reps++] = j;
@@ -408,14 +408,10 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
       }
       if (!ok)
         goto done;
-      slow[j] = 0;
-      sum[j] = 0;
       for (int k = 0; k < p; k++) {
         cp->stages[k].layers = layers[k];
         cp->stages[k].recompute = (ff_recompute)modes[k];
-        if (stage_t[k] > slow[j])
-          slow[j] = stage_t[k];
-        sum[j] += stage_t[k];
+        times[(size_t)j * p_max + k] = stage_t[k];
       }
     }
     dp[j] = 0;
@@ -429,25 +425,41 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
         if (u->node != v->node)
           l = ff_cluster_shared_link(ctx->cluster, l, u->node, v->node, node_gpus[u->node],
                                      node_gpus[v->node]);
-        double bytes = (double)layers[k] * costs[cp->stages[k].unit].state_bytes_per_layer /
-                       ff_mem_bytes_per_param(t->precision, t->zero1, D) * bpp_grad;
+        double per_layer = costs[cp->stages[k].unit].state_bytes_per_layer /
+                           ff_mem_bytes_per_param(t->precision, t->zero1, D) * bpp_grad;
+        double bytes = (double)cp->stages[k].layers * per_layer;
         double tdp = ff_comm_allreduce_ring(D, bytes, l);
         if (tdp > dp[j])
           dp[j] = tdp;
       }
     }
   }
-  /* Stage transfers across nodes, forward and backward, on the path of every micro-batch. */
-  for (int j = 0; j < D; j++)
-    for (int k = 0; k + 1 < c->pipes[j].n_stages; k++) {
-      const ff_unit *u = &units[c->pipes[j].stages[k].unit];
-      const ff_unit *v = &units[c->pipes[j].stages[k + 1].unit];
-      ff_link l = ff_cluster_gpu_link(ctx->cluster, u->node, u->first_gpu, v->node, v->first_gpu);
-      if (u->node != v->node)
-        l = ff_cluster_shared_link(ctx->cluster, l, u->node, v->node, boundary_flows[u->node],
-                                   boundary_flows[v->node]);
-      sum[j] += 2.0 * ff_comm_p2p(act_bytes, l);
+  /* Stage exchanges hold both of their stages (cost-model.md §6): each micro-batch's round on
+   * stage k adds the exchange across the boundary before it and the one after it, and the fill
+   * and drain cross every boundary twice. */
+  for (int j = 0; j < D; j++) {
+    int p = c->pipes[j].n_stages;
+    double before = 0.0;
+    slow[j] = sum[j] = 0.0;
+    for (int k = 0; k < p; k++) {
+      double after = 0.0;
+      if (k + 1 < p) {
+        const ff_unit *u = &units[c->pipes[j].stages[k].unit];
+        const ff_unit *v = &units[c->pipes[j].stages[k + 1].unit];
+        ff_link l = ff_cluster_gpu_link(ctx->cluster, u->node, u->first_gpu, v->node,
+                                        v->first_gpu);
+        if (u->node != v->node)
+          l = ff_cluster_shared_link(ctx->cluster, l, u->node, v->node, boundary_flows[u->node],
+                                     boundary_flows[v->node]);
+        after = ff_comm_p2p(act_bytes, l);
+      }
+      double tk = times[(size_t)j * p_max + k];
+      if (tk + before + after > slow[j])
+        slow[j] = tk + before + after;
+      sum[j] += tk + 2.0 * after;
+      before = after;
     }
+  }
   if (cf->equal_batch) {
     for (int j = 0; j < D; j++)
       mb[j] = N / D;
@@ -462,7 +474,8 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
       result = tj;
   }
 done:
-  free(sms), free(slow), free(layers), free(modes), free(stage_t), free(mb), free(node_gpus);
+  free(sms), free(slow), free(layers), free(modes), free(stage_t), free(times), free(mb);
+  free(node_gpus);
   if (!isfinite(result))
     ff_candidate_free(c);
   return result;

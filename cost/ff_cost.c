@@ -152,39 +152,40 @@ double ff_peak_flops(const ff_device *dev, ff_precision prec) {
  * ends. Without entries, FF_COST_GEMM_EFFICIENCY. */
 static double gemm_efficiency(const ff_device *dev, ff_precision prec, double m, double n,
                               double k) {
+  /* neighbours by volume m·n·k (the same order as ln g), for the wanted dtype and, for bf16
+   * training, for fp16 too (used when no bf16 entry exists); logarithms only for the two found */
   ff_dtype want = prec == FF_PRECISION_BF16 ? FF_DTYPE_BF16 : FF_DTYPE_FP32;
-  if (want == FF_DTYPE_BF16) {
-    bool any = false;
-    for (int i = 0; i < dev->n_gemm && !any; i++)
-      any = dev->gemm[i].dtype == FF_DTYPE_BF16;
-    if (!any)
-      want = FF_DTYPE_FP16;
-  }
-  double peak = ff_peak_flops(dev, prec), lg = log(m * n * k) / 3.0;
-  const ff_gemm_measure *lo = NULL, *hi = NULL;
-  double lg_lo = 0.0, lg_hi = 0.0;
+  double peak = ff_peak_flops(dev, prec), v = m * n * k;
+  const ff_gemm_measure *near[2][2] = {{NULL, NULL}, {NULL, NULL}}; /* [alternative][lo, hi] */
+  double v_near[2][2] = {{0.0, 0.0}, {0.0, 0.0}};
+  bool exact[2] = {false, false};
   for (int i = 0; i < dev->n_gemm; i++) {
     const ff_gemm_measure *g = &dev->gemm[i];
-    if (g->dtype != want)
+    int a = g->dtype == want ? 0 : want == FF_DTYPE_BF16 && g->dtype == FF_DTYPE_FP16 ? 1 : -1;
+    if (a < 0 || exact[a])
       continue;
     if ((double)g->m == m && (double)g->n == n && (double)g->k == k) {
-      lo = hi = g;
-      break;
+      near[a][0] = near[a][1] = g;
+      exact[a] = true;
+      continue;
     }
-    double x = log((double)g->m * (double)g->n * (double)g->k) / 3.0;
-    if (x <= lg && (!lo || x > lg_lo))
-      lo = g, lg_lo = x;
-    if (x >= lg && (!hi || x < lg_hi))
-      hi = g, lg_hi = x;
+    double x = (double)g->m * (double)g->n * (double)g->k;
+    if (x <= v && (!near[a][0] || x > v_near[a][0]))
+      near[a][0] = g, v_near[a][0] = x;
+    if (x >= v && (!near[a][1] || x < v_near[a][1]))
+      near[a][1] = g, v_near[a][1] = x;
   }
+  int a = near[0][0] || near[0][1] ? 0 : 1;
+  const ff_gemm_measure *lo = near[a][0], *hi = near[a][1];
+  double v_lo = v_near[a][0], v_hi = v_near[a][1];
   double eff;
   if (!lo && !hi)
     eff = FF_COST_GEMM_EFFICIENCY;
-  else if (!lo || !hi || lo == hi || lg_hi <= lg_lo)
+  else if (!lo || !hi || lo == hi || v_hi <= v_lo)
     eff = (lo ? lo : hi)->tflops * 1e12 / peak;
   else {
     double e_lo = lo->tflops * 1e12 / peak, e_hi = hi->tflops * 1e12 / peak;
-    eff = e_lo + (e_hi - e_lo) * (lg - lg_lo) / (lg_hi - lg_lo);
+    eff = e_lo + (e_hi - e_lo) * log(v / v_lo) / log(v_hi / v_lo);
   }
   return eff > 1.0 ? 1.0 : eff;
 }

@@ -44,8 +44,9 @@ typedef struct nic_flows {
   int *out, *in; /* stage transfers leaving / entering the node, the busier direction */
 } nic_flows;
 
-/* Stage boundaries that cross nodes, counted at both ends, per direction; each node keeps the
- * busier direction. */
+/* Flows of the stage boundaries that cross nodes (n_a·n_b each: every rank of one group sends
+ * to every rank of the other), counted at both ends, per direction; each node keeps the busier
+ * direction. */
 static void count_boundary_flows(const ff_plan *plan, nic_flows *f, int *fwd_out, int *fwd_in) {
   int n = plan->cluster.n_nodes;
   memset(fwd_out, 0, (size_t)n * sizeof *fwd_out);
@@ -54,12 +55,12 @@ static void count_boundary_flows(const ff_plan *plan, nic_flows *f, int *fwd_out
   memset(f->in, 0, (size_t)n * sizeof *f->in);
   for (int p = 0; p < plan->n_pipelines; p++)
     for (int s = 0; s + 1 < plan->pipelines[p].n_stages; s++) {
-      int a = plan->pipelines[p].stages[s].ranks[0].node;
-      int b = plan->pipelines[p].stages[s + 1].ranks[0].node;
+      const ff_plan_stage *x = &plan->pipelines[p].stages[s], *y = x + 1;
+      int a = x->ranks[0].node, b = y->ranks[0].node, flows = x->n_ranks * y->n_ranks;
       if (a == b)
         continue;
-      fwd_out[a]++, fwd_in[b]++;
-      f->out[b]++, f->in[a]++;
+      fwd_out[a] += flows, fwd_in[b] += flows;
+      f->out[b] += flows, f->in[a] += flows;
     }
   for (int x = 0; x < n; x++) {
     if (fwd_out[x] > f->out[x])
@@ -69,24 +70,22 @@ static void count_boundary_flows(const ff_plan *plan, nic_flows *f, int *fwd_out
   }
 }
 
-/* Per micro-batch transfer of b·s·h activations from stage a to stage b: across the link between
- * the groups once (sharing the NICs of both nodes with the node's other boundary transfers),
- * then, when the receiving group has several ranks, an all-gather inside it. */
+/* Per micro-batch transfer of b·s·h activations from stage a to stage b as ffrun moves them:
+ * each of a's n_a ranks sends its 1/n_a of the tensor to each of b's n_b ranks, so every
+ * receiver gets the whole tensor. Between nodes these n_a·n_b flows of 1/n_a share the NICs of
+ * both nodes with the node's other boundary flows; inside a node a receiver takes in one tensor
+ * and a sender sends n_b/n_a of one, each over its own link. */
 static double boundary_seconds(const ff_plan *plan, const ff_plan_stage *from,
                                const ff_plan_stage *to, double bytes, const nic_flows *f) {
   const ff_cluster *c = &plan->cluster;
   const ff_plan_rank *x = &from->ranks[0], *y = &to->ranks[0];
   ff_link link = ff_cluster_gpu_link(c, x->node, x->gpu, y->node, y->gpu);
-  if (x->node != y->node)
+  double n_a = (double)from->n_ranks, n_b = (double)to->n_ranks;
+  if (x->node != y->node) {
     link = ff_cluster_shared_link(c, link, x->node, y->node, f->out[x->node], f->in[y->node]);
-  double t = ff_comm_p2p(bytes, link);
-  if (to->n_ranks > 1) {
-    const ff_plan_rank *z = &to->ranks[1];
-    ff_link inner = ff_cluster_gpu_link(c, y->node, y->gpu, z->node, z->gpu);
-    double n = (double)to->n_ranks;
-    t += (n - 1.0) * inner.latency_us * 1e-6 + (n - 1.0) / n * bytes / (inner.bandwidth_gb_per_s * 1e9);
+    return ff_comm_p2p(bytes / n_a, link);
   }
-  return t;
+  return ff_comm_p2p(bytes * (n_b > n_a ? n_b / n_a : 1.0), link);
 }
 
 /* The rank in pipeline q that holds the same weights as (stage st, rank r) does, for the DP

@@ -11,8 +11,10 @@
  * GLPK's LP at a branch node can take minutes (10,000 layers on 32 GPUs did not finish in two),
  * and the local moves and exact layer split serve alone. */
 #define ILP_MAX_LAYERS 1024
-/* Nor above this many stage-kind-mode columns (thousands of pipeline classes at 100,000 GPUs). */
-#define ILP_MAX_COLUMNS 20000
+/* Nor above this many stage-kind-mode columns: the shipped and topology-suite clusters stay
+ * under 2,000; the synthetic 1,024-GPU plans of 14 pipelines reach 15,000, where four programs
+ * took 4.7 of 10 s of planning and gained nothing (docs/benchmarks.md, planning time). */
+#define ILP_MAX_COLUMNS 8000
 
 /* ---- local refinement ------------------------------------------------------------------- */
 

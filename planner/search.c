@@ -333,8 +333,8 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
       node_gpus[u->node] += u->tp;
       if (k + 1 < c->pipes[j].n_stages) {
         const ff_unit *v = &units[c->pipes[j].stages[k + 1].unit];
-        if (v->node != u->node)
-          as_first[u->node]++, as_second[v->node]++;
+        if (v->node != u->node) /* every rank of one group sends to every rank of the other */
+          as_first[u->node] += u->tp * v->tp, as_second[v->node] += u->tp * v->tp;
       }
     }
   for (int x = 0; x < n_nodes; x++)
@@ -448,10 +448,15 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
         const ff_unit *v = &units[c->pipes[j].stages[k + 1].unit];
         ff_link l = ff_cluster_gpu_link(ctx->cluster, u->node, u->first_gpu, v->node,
                                         v->first_gpu);
-        if (u->node != v->node)
+        /* every receiving rank gets the whole tensor (cost-model.md §5.6): between nodes in
+         * flows of 1/n of it from each of the n senders, inside one a sender sends n_b/n_a */
+        double share = u->tp > v->tp ? (double)u->tp / v->tp : (double)v->tp / u->tp;
+        if (u->node != v->node) {
           l = ff_cluster_shared_link(ctx->cluster, l, u->node, v->node, boundary_flows[u->node],
                                      boundary_flows[v->node]);
-        after = ff_comm_p2p(act_bytes, l);
+          share = 1.0 / (u->tp < v->tp ? u->tp : v->tp);
+        }
+        after = ff_comm_p2p(act_bytes * share, l);
       }
       double tk = times[(size_t)j * p_max + k];
       if (tk + before + after > slow[j])

@@ -280,6 +280,10 @@ cJSON *ff_model_to_json(const ff_model *m, bool with_format);
 cJSON *ff_training_to_json(const ff_training *t, bool with_format);
 cJSON *ff_plan_to_json(const ff_plan *p);
 
+/* Where global rank `rank` sits in the plan: its pipeline, stage and TP index (written to the
+ * non-NULL outputs); false when no rank of the plan has that number. */
+bool ff_plan_find_rank(const ff_plan *plan, int64_t rank, int *pipeline, int *stage, int *tp);
+
 void ff_device_free(ff_device *dev);
 void ff_cluster_free(ff_cluster *c);
 void ff_model_free(ff_model *m);

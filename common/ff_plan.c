@@ -748,3 +748,19 @@ void ff_plan_free(ff_plan *p) {
   free(p->search.runner_ups);
   memset(p, 0, sizeof *p);
 }
+
+bool ff_plan_find_rank(const ff_plan *plan, int64_t rank, int *pipeline, int *stage, int *tp) {
+  for (int p = 0; p < plan->n_pipelines; p++)
+    for (int s = 0; s < plan->pipelines[p].n_stages; s++)
+      for (int t = 0; t < plan->pipelines[p].stages[s].n_ranks; t++)
+        if (plan->pipelines[p].stages[s].ranks[t].rank == rank) {
+          if (pipeline)
+            *pipeline = p;
+          if (stage)
+            *stage = s;
+          if (tp)
+            *tp = t;
+          return true;
+        }
+  return false;
+}

@@ -162,14 +162,9 @@ static float *host_block_get(dist *d, float *block) {
 /* ---- roles and slices ------------------------------------------------------------------- */
 
 static void find_role(dist *d) {
-  for (int p = 0; p < d->plan->n_pipelines; p++) {
-    const ff_plan_pipeline *pl = &d->plan->pipelines[p];
-    for (int s = 0; s < pl->n_stages; s++)
-      for (int t = 0; t < pl->stages[s].n_ranks; t++)
-        if (pl->stages[s].ranks[t].rank == d->rank) {
-          d->p = p, d->s = s, d->t = t, d->pl = pl, d->st = &pl->stages[s];
-          return;
-        }
+  if (ff_plan_find_rank(d->plan, d->rank, &d->p, &d->s, &d->t)) {
+    d->pl = &d->plan->pipelines[d->p];
+    d->st = &d->pl->stages[d->s];
   }
 }
 
@@ -1085,12 +1080,9 @@ static ff_status check_placement(dist *d) {
   d->c->allgather(d->world, mine, all, sizeof mine);
   bool named = true; /* every node the plan uses is a host of this launch */
   for (int64_t r = 0; r < d->plan->n_ranks && named; r++) {
-    const ff_plan_rank *rk = NULL;
-    for (int p = 0; p < d->plan->n_pipelines && !rk; p++)
-      for (int s = 0; s < d->plan->pipelines[p].n_stages && !rk; s++)
-        for (int t = 0; t < d->plan->pipelines[p].stages[s].n_ranks; t++)
-          if (d->plan->pipelines[p].stages[s].ranks[t].rank == r)
-            rk = &d->plan->pipelines[p].stages[s].ranks[t];
+    int p = 0, s = 0, t = 0;
+    ff_plan_find_rank(d->plan, r, &p, &s, &t); /* a valid plan numbers every rank */
+    const ff_plan_rank *rk = &d->plan->pipelines[p].stages[s].ranks[t];
     bool found = false;
     for (int64_t q = 0; q < d->plan->n_ranks && !found; q++)
       found = strcmp(all + q * sizeof mine, d->plan->cluster.nodes[rk->node].name) == 0;

@@ -138,16 +138,6 @@ static void print_preamble(const ff_plan *plan, backend got, const char *note) {
   print_header();
 }
 
-/* Plan rank -> (pipeline, stage, tp index). Plans number ranks in this order by construction. */
-static bool find_role(const ff_plan *plan, int64_t rank, int *p, int *s, int *t) {
-  for (*p = 0; *p < plan->n_pipelines; (*p)++)
-    for (*s = 0; *s < plan->pipelines[*p].n_stages; (*s)++)
-      for (*t = 0; *t < plan->pipelines[*p].stages[*s].n_ranks; (*t)++)
-        if (plan->pipelines[*p].stages[*s].ranks[*t].rank == rank)
-          return true;
-  return false;
-}
-
 static bool launched_by_mpi(void) {
   return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK") ||
          getenv("PMI_SIZE");
@@ -166,7 +156,7 @@ static int dry_run_mpi(const ff_plan *plan, backend got, const char *note) {
   }
   char line[ROLE_LINE] = {0};
   int p, s, t;
-  if (find_role(plan, world_rank, &p, &s, &t))
+  if (ff_plan_find_rank(plan, world_rank, &p, &s, &t))
     role_line(plan, p, s, t, line, sizeof line);
   char *all = NULL;
   if (world_rank == 0) {
@@ -388,14 +378,10 @@ static void abort_job(int status) {
 /* The GPU the plan gives world rank `rank` (its index on the node), folded onto the GPUs this
  * machine has: a plan of several ranks can be tried on one GPU. */
 static int gpu_of_rank(const ff_plan *plan, int rank, int gpus) {
-  for (int p = 0; p < plan->n_pipelines; p++)
-    for (int s = 0; s < plan->pipelines[p].n_stages; s++) {
-      const ff_plan_stage *st = &plan->pipelines[p].stages[s];
-      for (int t = 0; t < st->n_ranks; t++)
-        if (st->ranks[t].rank == rank)
-          return gpus > 0 ? st->ranks[t].gpu % gpus : 0;
-    }
-  return 0;
+  int p, s, t;
+  if (!ff_plan_find_rank(plan, rank, &p, &s, &t) || gpus <= 0)
+    return 0;
+  return plan->pipelines[p].stages[s].ranks[t].gpu % gpus;
 }
 
 /* The compute backend this rank trains on, or NULL when --backend cuda cannot be had. */

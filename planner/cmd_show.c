@@ -204,14 +204,11 @@ int ffplan_cmd_show(int argc, char **argv) {
 /* ---- check ------------------------------------------------------------------------------ */
 
 static void rank_path(const ff_plan *plan, int64_t rank, char *out, size_t cap) {
-  for (int p = 0; p < plan->n_pipelines; p++)
-    for (int s = 0; s < plan->pipelines[p].n_stages; s++)
-      for (int t = 0; t < plan->pipelines[p].stages[s].n_ranks; t++)
-        if (plan->pipelines[p].stages[s].ranks[t].rank == rank) {
-          snprintf(out, cap, "pipelines[%d].stages[%d].ranks[%d]", p, s, t);
-          return;
-        }
-  snprintf(out, cap, "pipelines");
+  int p, s, t;
+  if (ff_plan_find_rank(plan, rank, &p, &s, &t))
+    snprintf(out, cap, "pipelines[%d].stages[%d].ranks[%d]", p, s, t);
+  else
+    snprintf(out, cap, "pipelines");
 }
 
 static void check_memory(const ff_plan *plan, const ff_plan_eval *e, ff_diag *d) {

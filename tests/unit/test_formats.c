@@ -1029,6 +1029,14 @@ static void two_pipelines_splitting_the_global_batch_are_accepted(void **state) 
   accept_plan(text, &plan);
   assert_int_equal(plan.n_pipelines, 2);
   assert_int_equal(plan.n_ranks, 3);
+  int p = -1, s = -1, t = -1; /* ff_plan_find_rank: every rank's place, and none for a stranger */
+  assert_true(ff_plan_find_rank(&plan, 0, &p, &s, &t));
+  assert_true(p == 0 && s == 0 && t == 0);
+  assert_true(ff_plan_find_rank(&plan, 2, &p, &s, &t));
+  assert_true(p == 1 && s == 1 && t == 0);
+  assert_true(ff_plan_find_rank(&plan, 1, NULL, &s, NULL) && s == 0);
+  assert_false(ff_plan_find_rank(&plan, 3, &p, &s, &t));
+  assert_false(ff_plan_find_rank(&plan, -1, NULL, NULL, NULL));
   ff_plan_free(&plan);
   free(text);
 }

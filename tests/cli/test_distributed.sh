@@ -67,8 +67,11 @@ for plan in tests/plans/*.json; do
     fail "$name ($n ranks) did not train"; tail -5 "$tmp/$name.log"; continue
   fi
   checks=$((checks + 2))
-  echo "$name ($n ranks): $(losses_agree "$tmp/ref5.jsonl" "$tmp/$name.jsonl")" || fail "$name: losses"
-  losses_agree "$tmp/ref5.jsonl" "$tmp/$name.jsonl" >/dev/null || fail "$name: losses differ from one rank"
+  if agree=$(losses_agree "$tmp/ref5.jsonl" "$tmp/$name.jsonl"); then
+    echo "$name ($n ranks): $agree"
+  else
+    fail "$name: losses differ from one rank: $agree"
+  fi
   python3 "$compare" "$tmp/$name/step-00000005.safetensors" "$tmp/ref/step-00000005.safetensors" >"$tmp/cmp" ||
     { fail "$name: final weights differ from one rank"; cat "$tmp/cmp"; }
   checks=$((checks + 1))
@@ -112,7 +115,10 @@ wait "$job"
 checks=$((checks + 1))
 grep -q "process rank [0-9]* .* exited on signal 9" "$tmp/kill.log" || fail "the lost rank is not named"
 last=$(ls "$tmp/kill"/step-*.safetensors | tail -1)
-python3 "$compare" "$last" "$last" >/dev/null || fail "the last checkpoint ($last) is not readable"
+# its values follow a 100,000-step schedule, so only its form is checked: every tensor of the
+# model, with its shape, whole and finite
+python3 "$compare" --like "$tmp/ref/step-00000001.safetensors" "$last" >"$tmp/cmp" ||
+  { fail "the last checkpoint ($last) is not intact"; cat "$tmp/cmp"; }
 
 # --comm: NCCL needs a GPU per rank; on the CPU backend asking for it fails with the reason, and
 # --comm mpi trains as the default does.

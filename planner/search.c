@@ -314,13 +314,12 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
   double *slow = malloc((size_t)D * 3 * sizeof *slow);
   int64_t *layers = malloc((size_t)p_max * sizeof *layers);
   int *modes = malloc((size_t)p_max * sizeof *modes);
-  double *stage_t = malloc((size_t)p_max * sizeof *stage_t);
   double *times = malloc((size_t)D * (size_t)p_max * sizeof *times); /* [pipeline][stage] */
   int64_t *mb = malloc((size_t)D * sizeof *mb);
   int n_nodes = ctx->cluster->n_nodes;
   int *node_gpus = calloc(3 * (size_t)n_nodes, sizeof *node_gpus);
   double result = INFINITY;
-  if (!sms || !slow || !layers || !modes || !stage_t || !times || !mb || !node_gpus)
+  if (!sms || !slow || !layers || !modes || !times || !mb || !node_gpus)
     goto done;
   double *sum = slow + D, *dp = slow + 2 * D;
   /* What shares each node's NICs (cost-model.md §5.8): its GPUs in use, whose gradient sums
@@ -352,6 +351,7 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
   for (int j = 0; j < D; j++) {
     ff_cand_pipe *cp = &c->pipes[j];
     int p = cp->n_stages;
+    double *stage_t = times + (size_t)j * p_max; /* this pipeline's stage times */
     /* Pipelines built like an earlier one (same stage count, device, TP degree and island size
      * per stage) reuse its split. */
     int twin = -1;
@@ -370,7 +370,7 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
       for (int k = 0; k < p; k++)
         cp->stages[k] = (ff_cand_stage){cp->stages[k].unit, c->pipes[twin].stages[k].layers,
                                         c->pipes[twin].stages[k].recompute};
-      memcpy(times + (size_t)j * p_max, times + (size_t)twin * p_max, (size_t)p * sizeof *times);
+      memcpy(stage_t, times + (size_t)twin * p_max, (size_t)p * sizeof *stage_t);
     } else {
       if (n_reps < 8)
         reps[n_reps++] = j;
@@ -411,7 +411,6 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
       for (int k = 0; k < p; k++) {
         cp->stages[k].layers = layers[k];
         cp->stages[k].recompute = (ff_recompute)modes[k];
-        times[(size_t)j * p_max + k] = stage_t[k];
       }
     }
     dp[j] = 0;
@@ -479,8 +478,7 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
       result = tj;
   }
 done:
-  free(sms), free(slow), free(layers), free(modes), free(stage_t), free(times), free(mb);
-  free(node_gpus);
+  free(sms), free(slow), free(layers), free(modes), free(times), free(mb), free(node_gpus);
   if (!isfinite(result))
     ff_candidate_free(c);
   return result;

@@ -41,12 +41,22 @@ typedef enum ff_recompute {
   FF_RECOMPUTE_AUTO /* training settings only: the planner chooses per stage */
 } ff_recompute;
 typedef enum ff_schedule { FF_SCHEDULE_1F1B, FF_SCHEDULE_GPIPE } ff_schedule;
+/* The attention kernel a GPU rank runs (docs/executor.md): auto is tensor under bf16 and fused
+ * under fp32; tensor is flash-style on bf16 tensor cores (fused where it cannot run); fused is
+ * flash-style in fp32 on CUDA cores; gemm is cuBLAS with the scores materialised. */
+typedef enum ff_attention {
+  FF_ATTENTION_AUTO,
+  FF_ATTENTION_TENSOR,
+  FF_ATTENTION_FUSED,
+  FF_ATTENTION_GEMM
+} ff_attention;
 typedef enum ff_decay { FF_DECAY_COSINE, FF_DECAY_LINEAR, FF_DECAY_CONSTANT } ff_decay;
 
 extern const char *const ff_dtype_names[];      /* NULL-terminated */
 extern const char *const ff_precision_names[];
 extern const char *const ff_recompute_names[];
 extern const char *const ff_schedule_names[];
+extern const char *const ff_attention_names[];
 extern const char *const ff_decay_names[];
 
 /* ---- ff-device/1 ------------------------------------------------------------------------ */
@@ -152,6 +162,7 @@ typedef struct ff_training {
   ff_recompute recompute;
   bool zero1;
   ff_schedule schedule;
+  ff_attention attention;
   int64_t steps, seed;
   double lr, beta1, beta2, eps, weight_decay, grad_clip;
   int64_t warmup_steps;

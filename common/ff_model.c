@@ -231,6 +231,10 @@ ff_status ff_training_from_json(const cJSON *v, const char *path, bool inline_ok
     ok &= ff_jobj_enum(&o, "schedule", false, ff_schedule_names, &choice);
     out->schedule = (ff_schedule)choice;
   }
+  if (ff_jobj_get(&o, "attention", false)) {
+    ok &= ff_jobj_enum(&o, "attention", false, ff_attention_names, &choice);
+    out->attention = (ff_attention)choice;
+  }
   ok &= ff_jobj_int(&o, "steps", true, 1, 1000000000, &out->steps);
   out->seed = 1234;
   if (ff_jobj_get(&o, "seed", false))
@@ -258,6 +262,8 @@ cJSON *ff_training_to_json(const ff_training *t, bool with_format) {
   cJSON_AddStringToObject(o, "recompute", ff_recompute_names[t->recompute]);
   cJSON_AddBoolToObject(o, "zero1", t->zero1);
   cJSON_AddStringToObject(o, "schedule", ff_schedule_names[t->schedule]);
+  if (t->attention != FF_ATTENTION_AUTO) /* absent at its default: older plans keep their digests */
+    cJSON_AddStringToObject(o, "attention", ff_attention_names[t->attention]);
   cJSON_AddNumberToObject(o, "steps", (double)t->steps);
   cJSON_AddNumberToObject(o, "seed", (double)t->seed);
   cJSON *opt = cJSON_AddObjectToObject(o, "optimizer");

@@ -396,6 +396,12 @@ static const ff_kernels *compute_backend(cli *c, const ff_plan *plan, backend go
   char why[256];
   const ff_kernels *k = ff_kernels_cuda(gpu, math, abort_job, why, sizeof why);
   if (k) {
+    static const ff_kernel_attention attention[] = {
+        [FF_ATTENTION_AUTO] = FF_KERNEL_ATTENTION_AUTO,
+        [FF_ATTENTION_TENSOR] = FF_KERNEL_ATTENTION_TENSOR,
+        [FF_ATTENTION_FUSED] = FF_KERNEL_ATTENTION_FUSED,
+        [FF_ATTENTION_GEMM] = FF_KERNEL_ATTENTION_GEMM};
+    ff_kernels_cuda_attention(attention[plan->training.attention]); /* the kernel the plan timed */
     if (!c->train.quiet && rank == 0)
       fprintf(stderr, "ffrun: training on the CUDA backend (GPU %d on rank 0; matmuls in %s on "
               "cuBLASLt; weights, activations and optimizer state in fp32)\n", gpu,

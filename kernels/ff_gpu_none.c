@@ -23,6 +23,8 @@ int ff_gpu_current(void) { return -1; }
 
 void *ff_kernels_cuda_stream(void) { return NULL; }
 
+void ff_kernels_cuda_attention(ff_kernel_attention a) { (void)a; }
+
 const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math, void (*on_fatal)(int status),
                                   char *why, size_t why_cap) {
   (void)device;

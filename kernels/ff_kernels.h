@@ -205,6 +205,19 @@ const ff_kernels *ff_kernels_cpu_staged(int threads);
 const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math, void (*on_fatal)(int status),
                                   char *why, size_t why_cap);
 
+/* Which attention the CUDA backend runs from now on (docs/executor.md): the tensor-core kernel
+ * (under bf16 math and the head dimensions it supports; the fused one otherwise), the fused fp32
+ * kernel, or cuBLAS GEMMs around materialised scores. AUTO leaves the choice to the FF_ATTENTION
+ * environment variable (tensor, fused, gemm), else the tensor-core kernel. A build without CUDA
+ * has no backend to set. */
+typedef enum ff_kernel_attention {
+  FF_KERNEL_ATTENTION_AUTO,
+  FF_KERNEL_ATTENTION_TENSOR,
+  FF_KERNEL_ATTENTION_FUSED,
+  FF_KERNEL_ATTENTION_GEMM
+} ff_kernel_attention;
+void ff_kernels_cuda_attention(ff_kernel_attention a);
+
 /* The CUDA backend's stream (a cudaStream_t) once ff_kernels_cuda has succeeded, else NULL: what
  * a communication backend orders its device collectives on. */
 void *ff_kernels_cuda_stream(void);

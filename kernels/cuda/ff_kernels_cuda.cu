@@ -659,6 +659,31 @@ static bool setup_failed(cudaError_t err, const char *what, char *why, size_t wh
   return true;
 }
 
+/* The attention asked for by ff_kernels_cuda_attention, or under AUTO by FF_ATTENTION. */
+static ff_kernel_attention requested_attention = FF_KERNEL_ATTENTION_AUTO;
+
+static attention_kind chosen_attention(void) {
+  switch (requested_attention) {
+  case FF_KERNEL_ATTENTION_TENSOR: return ATTENTION_TENSOR;
+  case FF_KERNEL_ATTENTION_FUSED: return ATTENTION_FUSED;
+  case FF_KERNEL_ATTENTION_GEMM: return ATTENTION_GEMM;
+  case FF_KERNEL_ATTENTION_AUTO: break;
+  }
+  const char *attention = getenv("FF_ATTENTION");
+  if (attention && strcmp(attention, "tensor") && strcmp(attention, "gemm") &&
+      strcmp(attention, "fused"))
+    fprintf(stderr, "ffrun: FF_ATTENTION=%s is none of tensor, fused, gemm; using the default\n",
+            attention);
+  return attention && strcmp(attention, "gemm") == 0    ? ATTENTION_GEMM
+         : attention && strcmp(attention, "fused") == 0 ? ATTENTION_FUSED
+                                                        : ATTENTION_TENSOR;
+}
+
+extern "C" void ff_kernels_cuda_attention(ff_kernel_attention a) {
+  requested_attention = a;
+  if (g.ready) g.attention = chosen_attention();
+}
+
 extern "C" const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math,
                                              void (*on_fatal)(int status), char *why,
                                              size_t why_cap) {
@@ -726,15 +751,7 @@ extern "C" const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math,
   int optin = 0;
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   g.shared_limit = optin > 0 ? (size_t)optin : 48 * 1024;
-  const char *attention = getenv("FF_ATTENTION");
-  g.attention = !attention || strcmp(attention, "tensor") == 0 ? ATTENTION_TENSOR
-                : strcmp(attention, "gemm") == 0                 ? ATTENTION_GEMM
-                : strcmp(attention, "fused") == 0                ? ATTENTION_FUSED
-                                                                 : ATTENTION_TENSOR;
-  if (attention && strcmp(attention, "tensor") && strcmp(attention, "gemm") &&
-      strcmp(attention, "fused"))
-    fprintf(stderr, "ffrun: FF_ATTENTION=%s is none of tensor, fused, gemm; using the default\n",
-            attention);
+  g.attention = chosen_attention();
   g.on_fatal = on_fatal;
   g.ready = true;
   return &cuda_kernels;

@@ -283,6 +283,42 @@ static ff_link member_link(const ff_cluster *c, int node_a, int gpu_a, int node_
   return l;
 }
 
+int ff_boundary_flows(int n_a, int n_b) {
+  int x = n_a, y = n_b;
+  while (y > 0) {
+    int r = x % y;
+    x = y, y = r;
+  }
+  return n_a + n_b - x;
+}
+
+double ff_comm_boundary(double bytes, int n_a, int n_b, bool cross, ff_link link) {
+  int wide = n_a > n_b ? n_a : n_b, narrow = n_a < n_b ? n_a : n_b;
+  return ff_comm_p2p(bytes / (cross ? wide : narrow), link);
+}
+
+static double gather_ring(int n, ff_link ring, double bytes) {
+  return n * ring.latency_us * 1e-6 + bytes / (ring.bandwidth_gb_per_s * 1e9);
+}
+
+double ff_comm_gather(const ff_cluster *c, int n, const int *node, const int *gpu, double bytes) {
+  if (n <= 1)
+    return 0.0;
+  ff_link ring = ff_cluster_gpu_link(c, node[n - 1], gpu[n - 1], node[0], gpu[0]);
+  for (int i = 1; i < n; i++)
+    ring = slower(ring, ff_cluster_gpu_link(c, node[i - 1], gpu[i - 1], node[i], gpu[i]));
+  return gather_ring(n, ring, bytes);
+}
+
+double ff_comm_gather_node(const ff_cluster *c, int node, int first_gpu, int n, double bytes) {
+  if (n <= 1)
+    return 0.0;
+  ff_link ring = ff_cluster_gpu_link(c, node, first_gpu + n - 1, node, first_gpu);
+  for (int i = 1; i < n; i++)
+    ring = slower(ring, ff_cluster_gpu_link(c, node, first_gpu + i - 1, node, first_gpu + i));
+  return gather_ring(n, ring, bytes);
+}
+
 double ff_comm_allreduce(const ff_cluster *c, int n, const int *node, const int *gpu,
                          double bytes) {
   return ff_comm_allreduce_shared(c, n, node, gpu, bytes, NULL);
@@ -362,33 +398,92 @@ static const ff_layer_measure *measured_layer(const ff_device *dev, const ff_mod
   return NULL;
 }
 
-ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, const ff_device *dev,
-                                 ff_shard sh, double b, int tp, ff_recompute rc,
-                                 double tp_allreduce) {
+ff_attention ff_cost_attention_kernel(ff_attention a, ff_precision prec) {
+  if (a == FF_ATTENTION_AUTO)
+    return prec == FF_PRECISION_BF16 ? FF_ATTENTION_TENSOR : FF_ATTENTION_FUSED;
+  if (a == FF_ATTENTION_TENSOR && prec != FF_PRECISION_BF16)
+    return FF_ATTENTION_FUSED;
+  return a;
+}
+
+static double larger(double x, double y) { return x > y ? x : y; }
+
+/* Flash-style kernels (tensor, fused) keep the scores on chip: query t sees keys 0..t, so they
+ * do s(s+1)/2 of the s² products per head. Forward: Q·Kᵀ and P·V; backward: Q·Kᵀ again, dV, dP,
+ * dQ and dK. Each is at least its FLOPs at the flash efficiency and at least its operands'
+ * traffic (forward: q, k, v read and the output written; backward: q, k, v, the output and its
+ * gradient read, three gradients written). The GEMM kernel materialises the scores in fp32 in
+ * chunks of R query rows (R·heads·s ≤ FF_COST_GEMM_ATTENTION_SCORES, R a multiple of 64), each
+ * chunk against the keys up to its end: forward a GEMM writes them, a row kernel turns them into
+ * probabilities (read, write), a GEMM reads them; backward the same first three, then four GEMMs
+ * (dV, dP, dQ, dK) each reading or writing one score matrix and a row kernel forming dS (reads
+ * P and dP, writes dS). A GEMM takes the longer of its FLOPs at the GEMM efficiency of one
+ * chunk's strided batch (heads·R × s × head dimension) and its pass over the scores. */
+ff_attention_time ff_cost_attention_time(const ff_model *m, ff_precision prec, ff_attention a,
+                                         const ff_device *dev, double heads, double kv_heads,
+                                         double b) {
+  ff_attention_time t = {0.0, 0.0};
+  double s = (double)m->seq_len, hd = (double)(m->hidden / m->heads);
+  if (heads <= 0 || b <= 0)
+    return t;
+  double elem = prec == FF_PRECISION_BF16 ? 2.0 : 4.0;
+  double io_fwd = b * s * hd * elem * (2.0 * heads + 2.0 * kv_heads);
+  double io_bwd = b * s * hd * elem * (4.0 * heads + 4.0 * kv_heads);
+  a = ff_cost_attention_kernel(a, prec);
+  if (a != FF_ATTENTION_GEMM) {
+    double peak = ff_peak_flops(dev, a == FF_ATTENTION_TENSOR ? FF_PRECISION_BF16
+                                                              : FF_PRECISION_FP32);
+    double pairs = b * heads * s * (s + 1.0) / 2.0;
+    t.fwd = larger(4.0 * pairs * hd / (peak * FF_COST_FLASH_EFFICIENCY_FWD),
+                   ff_time_memory(dev, io_fwd));
+    t.bwd = larger(10.0 * pairs * hd / (peak * FF_COST_FLASH_EFFICIENCY_BWD),
+                   ff_time_memory(dev, io_bwd));
+    return t;
+  }
+  double r = floor(FF_COST_GEMM_ATTENTION_SCORES / (heads * s));
+  if (r >= s)
+    r = s;
+  else
+    r = r < 64.0 ? 64.0 : floor(r / 64.0) * 64.0;
+  double c = ceil(s / r); /* chunks; all but the last have r rows and see (i + 1)·r keys */
+  double cells = r * r * (c - 1.0) * c / 2.0 + (s - (c - 1.0) * r) * s;
+  double scores = 4.0 * b * heads * cells; /* bytes of every chunk's scores, fp32 */
+  double flops = 2.0 * b * heads * cells * hd;
+  double gemm = larger(flops / (ff_peak_flops(dev, prec) * gemm_efficiency(dev, prec, heads * r, s,
+                                                                           hd)),
+                       ff_time_memory(dev, scores));
+  double pass = ff_time_memory(dev, scores);
+  t.fwd = 2.0 * gemm + 2.0 * pass + ff_time_memory(dev, io_fwd);
+  t.bwd = 5.0 * gemm + 5.0 * pass + ff_time_memory(dev, io_bwd);
+  return t;
+}
+
+ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, ff_attention attn,
+                                 const ff_device *dev, ff_shard sh, double b, int tp,
+                                 ff_recompute rc, double tp_allreduce) {
   double s = (double)m->seq_len, h = (double)m->hidden, hd = (double)(m->hidden / m->heads);
   double elem = prec == FF_PRECISION_BF16 ? 2.0 : 4.0, tokens = b * s;
   double gemm = ff_time_gemm(dev, prec, tokens, (sh.heads + 2.0 * sh.kv_heads) * hd, h) +
                 ff_time_gemm(dev, prec, tokens, h, sh.heads * hd) +
                 ff_time_gemm(dev, prec, tokens, 2.0 * sh.ffn, h) +
                 ff_time_gemm(dev, prec, tokens, h, sh.ffn);
-  double attention = 4.0 * b * s * s * sh.heads * hd /
-                     (ff_peak_flops(dev, prec) * FF_COST_GEMM_EFFICIENCY);
+  ff_attention_time at = ff_cost_attention_time(m, prec, attn, dev, sh.heads, sh.kv_heads, b);
   /* Element-wise traffic per token: two RMSNorms (read+write h), two residual adds (2 reads, 1
    * write of h), RoPE on q and k, SwiGLU (read gate and up, write the product). */
   double bytes =
       tokens * elem * (4.0 * h + 6.0 * h + 2.0 * (sh.heads + sh.kv_heads) * hd + 3.0 * sh.ffn);
   double memory = ff_time_memory(dev, bytes);
   ff_layer_time t;
-  t.fwd = gemm + attention + memory;
-  t.bwd = 2.0 * (gemm + attention) + 2.0 * memory;
-  t.recompute = rc == FF_RECOMPUTE_FULL ? t.fwd : rc == FF_RECOMPUTE_SELECTIVE ? attention : 0.0;
+  t.fwd = gemm + at.fwd + memory;
+  t.bwd = 2.0 * gemm + at.bwd + 2.0 * memory;
+  t.recompute = rc == FF_RECOMPUTE_FULL ? t.fwd : rc == FF_RECOMPUTE_SELECTIVE ? at.fwd : 0.0;
   t.tp_fwd = 2.0 * tp_allreduce;
   t.tp_bwd = (rc == FF_RECOMPUTE_FULL ? 4.0 : 2.0) * tp_allreduce;
   const ff_layer_measure *ml = measured_layer(dev, m, prec, b, tp);
   if (ml) {
     t.fwd = ml->forward_ms * 1e-3;
     t.bwd = ml->backward_ms * 1e-3;
-    t.recompute = rc == FF_RECOMPUTE_FULL ? t.fwd : rc == FF_RECOMPUTE_SELECTIVE ? attention : 0.0;
+    t.recompute = rc == FF_RECOMPUTE_FULL ? t.fwd : rc == FF_RECOMPUTE_SELECTIVE ? at.fwd : 0.0;
     t.tp_fwd = 0.0;
     t.tp_bwd = rc == FF_RECOMPUTE_FULL ? 2.0 * tp_allreduce : 0.0;
   }

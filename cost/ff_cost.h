@@ -13,6 +13,12 @@
 /* Calibration defaults used when a device profile has no measurements (docs/cost-model.md). */
 #define FF_COST_GEMM_EFFICIENCY 0.8   /* achieved / dense peak for large GEMMs */
 #define FF_COST_MEMORY_EFFICIENCY 0.8 /* achieved / datasheet memory bandwidth */
+/* Flash-style attention kernels (ffrun's tensor and fused ones): achieved / peak of the math
+ * they run on, forward and backward, counting the FLOPs they do (FlashAttention-2's range). */
+#define FF_COST_FLASH_EFFICIENCY_FWD 0.5
+#define FF_COST_FLASH_EFFICIENCY_BWD 0.4
+/* Floats of one score buffer of ffrun's GEMM attention (kernels/cuda/ff_attention_gemm_cuda.cu) */
+#define FF_COST_GEMM_ATTENTION_SCORES 67108864.0
 #define FF_GIB 1073741824.0
 
 /* ---- FLOPs (Narayanan et al. SC'21, generalised to GQA and SwiGLU) ----------------------- */
@@ -96,6 +102,19 @@ ff_link ff_cluster_shared_link(const ff_cluster *c, ff_link link, int node_a, in
  * the number of concurrent flows on node x (NULL: links not shared). */
 double ff_comm_allreduce_shared(const ff_cluster *c, int n, const int *node, const int *gpu,
                                 double bytes, const int *flows);
+/* A stage boundary from a group of n_a ranks to one of n_b, as ffrun moves a tensor of `bytes`
+ * (cost-model.md §5.6): each element crosses once, in pieces from the sender whose 1/n_a holds
+ * it to the receiver whose 1/n_b does. ff_boundary_flows: the pieces, n_a + n_b − gcd(n_a, n_b).
+ * ff_comm_boundary: the transfer over `link` (already shared at the NICs when the groups are on
+ * different nodes, `cross`): the largest piece, bytes / max(n_a, n_b), between nodes; inside a
+ * node every sender sends its 1/n_a and every receiver takes in its 1/n_b over its own link.
+ * ff_comm_gather: the receiving group then gathers its parts, one broadcast of bytes/n per
+ * member over the group's slowest ring link: n·α + bytes/β (0 for one rank). */
+int ff_boundary_flows(int n_a, int n_b);
+double ff_comm_boundary(double bytes, int n_a, int n_b, bool cross, ff_link link);
+double ff_comm_gather(const ff_cluster *c, int n, const int *node, const int *gpu, double bytes);
+/* ff_comm_gather over the n GPUs first_gpu, first_gpu + 1, ... of one node. */
+double ff_comm_gather_node(const ff_cluster *c, int node, int first_gpu, int n, double bytes);
 
 /* ---- one layer of one rank's shard ------------------------------------------------------- */
 
@@ -111,13 +130,25 @@ typedef struct ff_layer_time {
 
 /* Parameters of one layer held by a rank with this shard (norm weights replicated). */
 double ff_cost_layer_params(const ff_model *m, ff_shard sh);
+/* The kernel that runs attention for this setting and precision: auto is tensor under bf16 and
+ * fused under fp32; tensor under fp32 runs fused (it needs bf16 math). */
+ff_attention ff_cost_attention_kernel(ff_attention a, ff_precision prec);
+/* The attention core (scores, softmax, weighted values) of a rank's shard for b sequences, as
+ * kernel `a` runs it: forward and backward seconds (the backward recomputes the probabilities
+ * in every kernel). */
+typedef struct ff_attention_time {
+  double fwd, bwd;
+} ff_attention_time;
+ff_attention_time ff_cost_attention_time(const ff_model *m, ff_precision prec, ff_attention a,
+                                         const ff_device *dev, double heads, double kv_heads,
+                                         double b);
 /* One layer of a rank's shard for a micro-batch of b sequences in a TP group of `tp` ranks;
  * tp_allreduce is the time of one all-reduce of b·s·h activations over that group. A measured
  * layer time in the device profile for this model, precision, micro-batch size and TP degree
  * takes precedence (it includes the TP communication it incurred). */
-ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, const ff_device *dev,
-                                 ff_shard sh, double b, int tp, ff_recompute rc,
-                                 double tp_allreduce);
+ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, ff_attention attn,
+                                 const ff_device *dev, ff_shard sh, double b, int tp,
+                                 ff_recompute rc, double tp_allreduce);
 
 /* ---- activation memory as ffrun allocates it (executor/model.c) -------------------------- */
 

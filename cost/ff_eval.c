@@ -44,9 +44,8 @@ typedef struct nic_flows {
   int *out, *in; /* stage transfers leaving / entering the node, the busier direction */
 } nic_flows;
 
-/* Flows of the stage boundaries that cross nodes (n_a·n_b each: every rank of one group sends
- * to every rank of the other), counted at both ends, per direction; each node keeps the busier
- * direction. */
+/* Flows of the stage boundaries that cross nodes (ff_boundary_flows each: one per piece),
+ * counted at both ends, per direction; each node keeps the busier direction. */
 static void count_boundary_flows(const ff_plan *plan, nic_flows *f, int *fwd_out, int *fwd_in) {
   int n = plan->cluster.n_nodes;
   memset(fwd_out, 0, (size_t)n * sizeof *fwd_out);
@@ -56,7 +55,8 @@ static void count_boundary_flows(const ff_plan *plan, nic_flows *f, int *fwd_out
   for (int p = 0; p < plan->n_pipelines; p++)
     for (int s = 0; s + 1 < plan->pipelines[p].n_stages; s++) {
       const ff_plan_stage *x = &plan->pipelines[p].stages[s], *y = x + 1;
-      int a = x->ranks[0].node, b = y->ranks[0].node, flows = x->n_ranks * y->n_ranks;
+      int a = x->ranks[0].node, b = y->ranks[0].node;
+      int flows = ff_boundary_flows(x->n_ranks, y->n_ranks);
       if (a == b)
         continue;
       fwd_out[a] += flows, fwd_in[b] += flows;
@@ -70,22 +70,22 @@ static void count_boundary_flows(const ff_plan *plan, nic_flows *f, int *fwd_out
   }
 }
 
-/* Per micro-batch transfer of b·s·h activations from stage a to stage b as ffrun moves them:
- * each of a's n_a ranks sends its 1/n_a of the tensor to each of b's n_b ranks, so every
- * receiver gets the whole tensor. Between nodes these n_a·n_b flows of 1/n_a share the NICs of
- * both nodes with the node's other boundary flows; inside a node a receiver takes in one tensor
- * and a sender sends n_b/n_a of one, each over its own link. */
+/* Per micro-batch transfer of b·s·h activations from stage a to stage b as ffrun moves them
+ * (ff_comm_boundary: each element once, in pieces; between nodes the pieces share the NICs of
+ * both nodes with the node's other boundary flows), then the receiving group's gather. node and
+ * gpu have room for the receiving group. */
 static double boundary_seconds(const ff_plan *plan, const ff_plan_stage *from,
-                               const ff_plan_stage *to, double bytes, const nic_flows *f) {
+                               const ff_plan_stage *to, double bytes, const nic_flows *f,
+                               int *node, int *gpu) {
   const ff_cluster *c = &plan->cluster;
   const ff_plan_rank *x = &from->ranks[0], *y = &to->ranks[0];
   ff_link link = ff_cluster_gpu_link(c, x->node, x->gpu, y->node, y->gpu);
-  double n_a = (double)from->n_ranks, n_b = (double)to->n_ranks;
-  if (x->node != y->node) {
+  bool cross = x->node != y->node;
+  if (cross)
     link = ff_cluster_shared_link(c, link, x->node, y->node, f->out[x->node], f->in[y->node]);
-    return ff_comm_p2p(bytes / n_a, link);
-  }
-  return ff_comm_p2p(bytes * (n_b > n_a ? n_b / n_a : 1.0), link);
+  stage_group(to, node, gpu);
+  return ff_comm_boundary(bytes, from->n_ranks, to->n_ranks, cross, link) +
+         ff_comm_gather(c, to->n_ranks, node, gpu, bytes);
 }
 
 /* The rank in pipeline q that holds the same weights as (stage st, rank r) does, for the DP
@@ -159,7 +159,7 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
     ff_shard sh = rank_shard(st, r);
     /* Ranks of a group with the same shard on the same device take the same time. */
     if (t == 0 || dev != prev_dev || memcmp(&sh, &prev_sh, sizeof sh) != 0)
-      prev_lt = ff_cost_layer_time(m, tr->precision, dev, sh, b, st->n_ranks, st->recompute,
+      prev_lt = ff_cost_layer_time(m, tr->precision, tr->attention, dev, sh, b, st->n_ranks, st->recompute,
                                    tp_allreduce);
     prev_dev = dev;
     prev_sh = sh;
@@ -221,8 +221,10 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
     se->hardware_flops = hw * (double)pl->micro_batches;
   }
   if (s + 1 < pl->n_stages) {
-    se->send_fwd_seconds = boundary_seconds(plan, st, &pl->stages[s + 1], act_bytes, f);
-    se->send_bwd_seconds = boundary_seconds(plan, &pl->stages[s + 1], st, act_bytes, f);
+    se->send_fwd_seconds =
+        boundary_seconds(plan, st, &pl->stages[s + 1], act_bytes, f, node, gpu);
+    se->send_bwd_seconds =
+        boundary_seconds(plan, &pl->stages[s + 1], st, act_bytes, f, node, gpu);
   }
 }
 

@@ -671,17 +671,41 @@ static ff_span chunk(int64_t total, int parts, int i) {
   return (ff_span){first, first + base + (i < extra ? 1 : 0)};
 }
 
-/* Send my chunk of a full activation (held by every rank of my stage) to every rank of the
- * neighbouring stage; the chunks of all my stage's ranks make up the whole tensor. The requests
- * are free (staging_free waited for them before the compute refilled buf). */
+/* A boundary moves each element once: the tensor is cut into one part per receiving rank
+ * (chunk(n, n_b, r)), every sending rank holds the whole tensor and sends the part of its own
+ * chunk (chunk(n, n_a, t)) that falls in each receiver's part, and the receivers then gather
+ * their parts inside their stage (gather_parts). The piece from sender t to receiver r: */
+static ff_span boundary_piece(int64_t n, int n_a, int t, int n_b, int r) {
+  ff_span a = chunk(n, n_a, t), b = chunk(n, n_b, r);
+  ff_span p = {a.first > b.first ? a.first : b.first, a.end < b.end ? a.end : b.end};
+  if (p.end < p.first)
+    p.end = p.first;
+  return p;
+}
+
+/* Send my pieces of a full activation (held by every rank of my stage) to the ranks of the
+ * neighbouring stage (an empty piece is not sent: its request stays NULL). The requests are
+ * free (staging_free waited for them before the compute refilled buf). */
 static void send_to(dist *d, const ff_plan_stage *to, const float *buf, int64_t n, int tag,
                     ff_request **reqs) {
   double t0 = now();
-  ff_span my = chunk(n, d->st->n_ranks, d->t);
-  for (int r = 0; r < to->n_ranks; r++)
-    reqs[r] = d->c->isend(buf + my.first, (size_t)(my.end - my.first) * sizeof *buf,
-                          (int)to->ranks[r].rank, tag);
+  for (int r = 0; r < to->n_ranks; r++) {
+    ff_span p = boundary_piece(n, d->st->n_ranks, d->t, to->n_ranks, r);
+    reqs[r] = p.end > p.first ? d->c->isend(buf + p.first, (size_t)(p.end - p.first) * sizeof *buf,
+                                            (int)to->ranks[r].rank, tag)
+                              : NULL;
+  }
   d->t_p2p += now() - t0;
+}
+
+/* After my part of a boundary's tensor arrived: every rank of my stage broadcasts its part to
+ * the others, in rank order, so each holds the whole tensor (buf: host memory on the host path,
+ * backend memory on the device path). */
+static void gather_parts(dist *d, float *buf, int64_t n) {
+  for (int r = 0; r < d->st->n_ranks && d->st->n_ranks > 1; r++) {
+    ff_span part = chunk(n, d->st->n_ranks, r);
+    d->c->bcast(d->tp, buf + part.first, (size_t)(part.end - part.first) * sizeof *buf, r);
+  }
 }
 
 /* Time spent here counts as p2p: waiting for the previous stage is the pipeline's bubble too,
@@ -689,10 +713,12 @@ static void send_to(dist *d, const ff_plan_stage *to, const float *buf, int64_t 
 static void recv_from(dist *d, const ff_plan_stage *from, float *buf, int64_t n, int tag) {
   double t0 = now();
   for (int r = 0; r < from->n_ranks; r++) {
-    ff_span part = chunk(n, from->n_ranks, r);
-    d->c->recv(buf + part.first, (size_t)(part.end - part.first) * sizeof *buf,
-               (int)from->ranks[r].rank, tag);
+    ff_span p = boundary_piece(n, from->n_ranks, r, d->st->n_ranks, d->t);
+    if (p.end > p.first)
+      d->c->recv(buf + p.first, (size_t)(p.end - p.first) * sizeof *buf, (int)from->ranks[r].rank,
+                 tag);
   }
+  gather_parts(d, buf, n);
   d->t_p2p += now() - t0;
 }
 
@@ -751,20 +777,26 @@ static float *staging_free(dist *d, int dir, int64_t j) {
   return staging(d, dir, j);
 }
 
-/* Device path: one transfer per rank of the neighbouring stage. A sending rank sends its chunk
- * of the full activation, which every rank of its stage holds; a receiving rank receives every
- * chunk, so the chunks of all the senders make up the whole tensor. */
+/* Device path: the transfers of my pieces (boundary_piece) with the ranks of the neighbouring
+ * stage, on backend memory: the forward's output or the backward's input gradient going out, my
+ * part of the next input or output gradient coming in (gathered after the batch). */
+static float *device_buf(dist *d, bool send, int dir, int64_t j) {
+  return dir == FWD ? (send ? ff_model_rank_output(&d->mr, slot_of(d, j))
+                            : ff_model_rank_input(&d->mr, slot_of(d, j)))
+                    : ff_model_rank_gradient(&d->mr, slot_of(d, j));
+}
+
 static int device_ops(dist *d, ff_p2p *ops, int n, bool send, int dir, int64_t j) {
   /* forward: send to the next stage, receive from the previous; backward the other way */
   const ff_plan_stage *peer = &d->pl->stages[(dir == FWD) == send ? d->s + 1 : d->s - 1];
   int64_t NC = boundary_floats(d);
-  float *buf = dir == FWD ? (send ? ff_model_rank_output(&d->mr, slot_of(d, j))
-                                  : ff_model_rank_input(&d->mr, slot_of(d, j)))
-                          : ff_model_rank_gradient(&d->mr, slot_of(d, j));
+  float *buf = device_buf(d, send, dir, j);
   for (int r = 0; r < peer->n_ranks; r++) {
-    ff_span part = chunk(NC, send ? d->st->n_ranks : peer->n_ranks, send ? d->t : r);
-    ops[n++] = (ff_p2p){buf + part.first, (size_t)(part.end - part.first) * sizeof(float),
-                        (int)peer->ranks[r].rank, p2p_tag(j, dir), send};
+    ff_span p = send ? boundary_piece(NC, d->st->n_ranks, d->t, peer->n_ranks, r)
+                     : boundary_piece(NC, peer->n_ranks, r, d->st->n_ranks, d->t);
+    if (p.end > p.first)
+      ops[n++] = (ff_p2p){buf + p.first, (size_t)(p.end - p.first) * sizeof(float),
+                          (int)peer->ranks[r].rank, p2p_tag(j, dir), send};
   }
   return n;
 }
@@ -773,8 +805,9 @@ static int device_ops(dist *d, ff_p2p *ops, int n, bool send, int dir, int64_t j
  * forward's output to the next stage, the backward's input gradient to the previous one) and
  * receive what micro-batch recv_j needs next (its input, or its output's gradient); either may
  * be NONE. On a device both go in one batch, so two neighbours that each send to the other
- * (1F1B's steady state) do not wait on each other, and the host waits for the batch. On the host
- * path the send is started and the receive blocks, into recv_buf. */
+ * (1F1B's steady state) do not wait on each other, then the stage gathers what it received, and
+ * the host waits for both. On the host path the send is started and the receive and the gather
+ * block, into recv_buf. */
 static void exchange(dist *d, int send_dir, int64_t send_j, int recv_dir, int64_t recv_j) {
   double t0 = now();
   int64_t NC = boundary_floats(d);
@@ -785,7 +818,10 @@ static void exchange(dist *d, int send_dir, int64_t send_j, int recv_dir, int64_
     if (recv_dir != NONE)
       n = device_ops(d, d->p2p_ops, n, false, recv_dir, recv_j);
     d->c->p2p_batch(d->p2p_ops, n);
+    if (recv_dir != NONE)
+      gather_parts(d, device_buf(d, false, recv_dir, recv_j), NC);
     d->k->sync();
+    d->tp_device_seen = d->c->collective_seconds(); /* the gather is p2p time, not TP */
     d->t_p2p += now() - t0;
     return;
   }

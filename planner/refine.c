@@ -35,6 +35,32 @@ static bool try_move(ff_search_ctx *ctx, ff_candidate *best, ff_candidate *trial
   return false;
 }
 
+static bool unit_in_use(const ff_candidate *c, int u) {
+  for (int j = 0; j < c->n_pipes; j++)
+    for (int k = 0; k < c->pipes[j].n_stages; k++)
+      if (c->pipes[j].stages[k].unit == u)
+        return true;
+  return false;
+}
+
+/* A new stage of unit u before stage k of p (k = n_stages: after the last), holding one layer
+ * taken from stage `donor` (an index before the insertion; -1: none) with its recompute. */
+static ff_status insert_stage(ff_cand_pipe *p, int k, int u, int donor) {
+  ff_cand_stage *st = malloc((size_t)(p->n_stages + 1) * sizeof *st);
+  if (!st)
+    return FF_ERR_RUNTIME;
+  memcpy(st, p->stages, (size_t)k * sizeof *st);
+  memcpy(st + k + 1, p->stages + k, (size_t)(p->n_stages - k) * sizeof *st);
+  int from = donor < 0 ? (k < p->n_stages ? k + 1 : k - 1) : donor < k ? donor : donor + 1;
+  st[k] = (ff_cand_stage){u, donor < 0 ? 0 : 1, st[from].recompute};
+  if (donor >= 0)
+    st[from].layers--;
+  free(p->stages);
+  p->stages = st;
+  p->n_stages++;
+  return FF_OK;
+}
+
 /* Move a layer between two stages of a pipeline (and of every pipeline built the same way),
  * lower a stage's recompute, swap the units of two stages, or move a micro-batch between
  * pipelines; the first
@@ -98,6 +124,32 @@ restart:
           if (try_move(ctx, best, &trial, &budget))
             goto restart;
         }
+  /* Give an idle unit a stage of its own at position k of a pipeline, with one layer from the
+   * stage it displaces or its predecessor (whichever holds more; none at either end, where it
+   * may hold only the embedding or the head): a boundary moves each element once
+   * (cost-model.md §5.6), so a TP group the layouts left idle can pay at an end of a pipeline. */
+  for (int u = 0; u < best->n_units && budget > 0; u++) {
+    if (unit_in_use(best, u))
+      continue;
+    for (int j = 0; j < best->n_pipes && budget > 0; j++)
+      for (int k = 0; k <= best->pipes[j].n_stages && budget > 0; k++)
+        for (int moved = 0; moved <= 1 && budget > 0; moved++) {
+          int n_stages = best->pipes[j].n_stages;
+          const ff_cand_stage *st = best->pipes[j].stages;
+          int donor = k == n_stages ? k - 1 : k == 0 ? 0 : st[k].layers >= st[k - 1].layers ? k : k - 1;
+          if (moved ? st[donor].layers < 2 : (k != 0 && k != n_stages) || st[donor].layers < 1)
+            continue; /* the stage beside a new end stage keeps a layer: none stands empty */
+          ff_candidate trial;
+          if (ff_candidate_copy(best, &trial) != FF_OK)
+            return taken;
+          if (insert_stage(&trial.pipes[j], k, u, moved ? donor : -1) != FF_OK) {
+            ff_candidate_free(&trial);
+            return taken;
+          }
+          if (try_move(ctx, best, &trial, &budget))
+            goto restart;
+        }
+  }
   for (int a = 0; a < best->n_pipes && budget > 0; a++)
     for (int b = 0; b < best->n_pipes && budget > 0; b++) {
       if (a == b || best->pipes[a].micro_batches <= 1)

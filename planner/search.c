@@ -332,8 +332,10 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
       node_gpus[u->node] += u->tp;
       if (k + 1 < c->pipes[j].n_stages) {
         const ff_unit *v = &units[c->pipes[j].stages[k + 1].unit];
-        if (v->node != u->node) /* every rank of one group sends to every rank of the other */
-          as_first[u->node] += u->tp * v->tp, as_second[v->node] += u->tp * v->tp;
+        if (v->node != u->node) { /* one flow per piece (cost-model.md §5.6) */
+          int flows = ff_boundary_flows(u->tp, v->tp);
+          as_first[u->node] += flows, as_second[v->node] += flows;
+        }
       }
     }
   for (int x = 0; x < n_nodes; x++)
@@ -441,26 +443,29 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
     double before = 0.0;
     slow[j] = sum[j] = 0.0;
     for (int k = 0; k < p; k++) {
-      double after = 0.0;
+      double after = 0.0, both = 0.0;
       if (k + 1 < p) {
         const ff_unit *u = &units[c->pipes[j].stages[k].unit];
         const ff_unit *v = &units[c->pipes[j].stages[k + 1].unit];
         ff_link l = ff_cluster_gpu_link(ctx->cluster, u->node, u->first_gpu, v->node,
                                         v->first_gpu);
-        /* every receiving rank gets the whole tensor (cost-model.md §5.6): between nodes in
-         * flows of 1/n of it from each of the n senders, inside one a sender sends n_b/n_a */
-        double share = u->tp > v->tp ? (double)u->tp / v->tp : (double)v->tp / u->tp;
-        if (u->node != v->node) {
+        /* each element once, in pieces, then the receiving group gathers (cost-model.md §5.6):
+         * v after the forward's transfer, u after the backward's; an exchange pairs one of each
+         * direction, the fill and the drain cross once each way */
+        bool cross = u->node != v->node;
+        if (cross)
           l = ff_cluster_shared_link(ctx->cluster, l, u->node, v->node, boundary_flows[u->node],
                                      boundary_flows[v->node]);
-          share = 1.0 / (u->tp < v->tp ? u->tp : v->tp);
-        }
-        after = ff_comm_p2p(act_bytes * share, l);
+        double x = ff_comm_boundary(act_bytes, u->tp, v->tp, cross, l);
+        double fwd = x + ff_comm_gather_node(ctx->cluster, v->node, v->first_gpu, v->tp, act_bytes);
+        double bwd = x + ff_comm_gather_node(ctx->cluster, u->node, u->first_gpu, u->tp, act_bytes);
+        after = fwd > bwd ? fwd : bwd;
+        both = fwd + bwd;
       }
       double tk = times[(size_t)j * p_max + k];
       if (tk + before + after > slow[j])
         slow[j] = tk + before + after;
-      sum[j] += tk + 2.0 * after;
+      sum[j] += tk + both;
       before = after;
     }
   }

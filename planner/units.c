@@ -41,7 +41,7 @@ ff_unit_cost ff_unit_cost_of(const ff_search_ctx *ctx, const ff_unit *u, int64_t
   double tp_ar = ff_comm_allreduce(ctx->cluster, u->tp, node, gpu, (double)b * s * h * elem);
   double bpp = ff_mem_bytes_per_param(t->precision, t->zero1, dp);
   for (int mode = 0; mode < FF_SEARCH_MODES; mode++) {
-    ff_layer_time lt = ff_cost_layer_time(m, t->precision, dev, sh, (double)b, u->tp,
+    ff_layer_time lt = ff_cost_layer_time(m, t->precision, t->attention, dev, sh, (double)b, u->tp,
                                           (ff_recompute)mode, tp_ar);
     uc.layer_seconds[mode] = lt.fwd + lt.bwd + lt.recompute + lt.tp_fwd + lt.tp_bwd;
     uc.act_bytes_per_layer[mode] =

@@ -448,6 +448,101 @@ static void gradient_sums_leaving_a_node_share_its_nics(void **state) {
   ff_plan_free(&plan);
 }
 
+static bool near(double got, double want) { return fabs(got / want - 1) < 1e-12; }
+
+/* A stage boundary moves each element once (cost-model.md §5.6): pieces n_a + n_b − gcd; between
+ * nodes the largest piece, S/max(n_a, n_b), over the shared link; inside a node S/min(n_a, n_b)
+ * per link; then the receiving group's gather, one broadcast of S/n per member. */
+static void a_boundary_moves_each_element_once(void **state) {
+  (void)state;
+  assert_int_equal(ff_boundary_flows(1, 1), 1);
+  assert_int_equal(ff_boundary_flows(8, 8), 8);
+  assert_int_equal(ff_boundary_flows(2, 4), 4);
+  assert_int_equal(ff_boundary_flows(4, 2), 4);
+  assert_int_equal(ff_boundary_flows(2, 3), 4);
+  assert_int_equal(ff_boundary_flows(1, 8), 8);
+  ff_link net = {1.25, 10}; /* 10 Gb/s, 10 us */
+  double S = 32.0 * 1048576.0;
+  /* two TP-8 groups on two nodes with one NIC: eight pieces of S/8 at 1/8 of the link each, so
+   * one copy of S through the NIC; a copy per receiving rank would have taken 8x */
+  ff_link shared = {net.bandwidth_gb_per_s / ff_boundary_flows(8, 8), net.latency_us};
+  assert_true(near(ff_comm_boundary(S, 8, 8, true, shared), 10e-6 + S / 1.25e9));
+  assert_true(near(ff_comm_boundary(S, 2, 4, true, net), 10e-6 + S / 4 / 1.25e9));
+  ff_link nvl = {450, 2};
+  assert_true(near(ff_comm_boundary(S, 1, 4, false, nvl), 2e-6 + S / 450e9));
+  assert_true(near(ff_comm_boundary(S, 4, 2, false, nvl), 2e-6 + S / 2 / 450e9));
+  ff_diag d;
+  ff_diag_init(&d, NULL);
+  ff_plan plan;
+  assert_int_equal(ff_load_plan("profiles/plans/h100-8-llama-2-7b.json", &d, &plan), FF_OK);
+  ff_diag_free(&d);
+  int node[4] = {0, 0, 0, 0}, gpu[4] = {0, 1, 2, 3};
+  assert_true(ff_comm_gather(&plan.cluster, 1, node, gpu, S) == 0.0);
+  assert_true(near(ff_comm_gather(&plan.cluster, 4, node, gpu, S), 4 * 2e-6 + S / 450e9));
+  assert_true(near(ff_comm_gather_node(&plan.cluster, 0, 0, 4, S), 4 * 2e-6 + S / 450e9));
+  assert_true(ff_comm_gather_node(&plan.cluster, 0, 3, 1, S) == 0.0);
+  ff_plan_free(&plan);
+}
+
+/* The attention core as each kernel does it: auto resolves by precision; the flash kernels do
+ * the causal half of the products, 2.5 times as many backward, at the flash efficiencies of the
+ * math they run on; the GEMM kernel materialises fp32 scores (all s² of them in one chunk, the
+ * keys up to each chunk's end in several) and passes over them 4 times forward and 10 backward. */
+static void attention_is_timed_as_its_kernel_runs_it(void **state) {
+  (void)state;
+  assert_int_equal(ff_cost_attention_kernel(FF_ATTENTION_AUTO, FF_PRECISION_BF16),
+                   FF_ATTENTION_TENSOR);
+  assert_int_equal(ff_cost_attention_kernel(FF_ATTENTION_AUTO, FF_PRECISION_FP32),
+                   FF_ATTENTION_FUSED);
+  assert_int_equal(ff_cost_attention_kernel(FF_ATTENTION_TENSOR, FF_PRECISION_FP32),
+                   FF_ATTENTION_FUSED);
+  assert_int_equal(ff_cost_attention_kernel(FF_ATTENTION_GEMM, FF_PRECISION_BF16),
+                   FF_ATTENTION_GEMM);
+  ff_model m = {.hidden = 1024, .heads = 16, .kv_heads = 16, .seq_len = 2048};
+  ff_device dev = {.memory_bandwidth_gb_per_s = 1000};
+  dev.peak_tflops[FF_DTYPE_BF16] = 200.0;
+  dev.peak_tflops[FF_DTYPE_FP32] = 20.0;
+  double s = 2048, hd = 64, a = 16, b = 2, bw = 1000e9 * FF_COST_MEMORY_EFFICIENCY;
+  double pairs = b * a * s * (s + 1) / 2;
+  ff_attention_time t =
+      ff_cost_attention_time(&m, FF_PRECISION_BF16, FF_ATTENTION_AUTO, &dev, a, a, b);
+  assert_true(near(t.fwd, 4 * pairs * hd / (200e12 * FF_COST_FLASH_EFFICIENCY_FWD)));
+  assert_true(near(t.bwd, 10 * pairs * hd / (200e12 * FF_COST_FLASH_EFFICIENCY_BWD)));
+  /* fused runs in fp32 on CUDA cores whatever the plan's precision */
+  t = ff_cost_attention_time(&m, FF_PRECISION_BF16, FF_ATTENTION_FUSED, &dev, a, a, b);
+  assert_true(near(t.fwd, 4 * pairs * hd / (20e12 * FF_COST_FLASH_EFFICIENCY_FWD)));
+  /* gemm, one chunk (16·2048² floats fit 2²⁶): s² cells per head; its GEMMs are bound by the
+   * pass over the scores here (by their FLOPs in the fp32 case below) */
+  double cells = b * a * s * s, io = b * s * hd * 2 * (2 * a + 2 * a);
+  double gemm = 2 * cells * hd / (200e12 * FF_COST_GEMM_EFFICIENCY), pass = 4 * cells / bw;
+  assert_true(gemm < pass);
+  gemm = pass;
+  t = ff_cost_attention_time(&m, FF_PRECISION_BF16, FF_ATTENTION_GEMM, &dev, a, a, b);
+  assert_true(near(t.fwd, 2 * gemm + 2 * pass + io / bw));
+  assert_true(near(t.bwd, 5 * gemm + 5 * pass + 2 * io / bw));
+  /* four chunks of 2048 rows at s = 8192 with 4 heads: 2048²·(1 + 2 + 3) + 2048·8192 cells */
+  m.seq_len = 8192;
+  s = 8192;
+  a = 4;
+  cells = b * a * (2048.0 * 2048 * 6 + 2048.0 * 8192);
+  t = ff_cost_attention_time(&m, FF_PRECISION_FP32, FF_ATTENTION_GEMM, &dev, a, 1, b);
+  gemm = 2 * cells * hd / (20e12 * FF_COST_GEMM_EFFICIENCY);
+  pass = 4 * cells / bw;
+  io = b * s * hd * 4 * (2 * a + 2);
+  assert_true(gemm > pass);
+  double want = 2 * gemm + 2 * pass + io / bw;
+  assert_true(near(t.fwd, want));
+  /* a shard without heads does no attention */
+  t = ff_cost_attention_time(&m, FF_PRECISION_FP32, FF_ATTENTION_GEMM, &dev, 0, 0, b);
+  assert_true(t.fwd == 0 && t.bwd == 0);
+  /* where memory is slow the materialised scores cost more than the flash kernel's extra work */
+  dev.memory_bandwidth_gb_per_s = 100;
+  ff_attention_time flash =
+      ff_cost_attention_time(&m, FF_PRECISION_BF16, FF_ATTENTION_TENSOR, &dev, a, 1, b);
+  t = ff_cost_attention_time(&m, FF_PRECISION_BF16, FF_ATTENTION_GEMM, &dev, a, 1, b);
+  assert_true(t.fwd > flash.fwd && t.bwd > flash.bwd);
+}
+
 static void measured_layer_times_take_precedence(void **state) {
   (void)state;
   ff_diag d;
@@ -579,9 +674,11 @@ int main(void) {
       cmocka_unit_test(kept_activations_count_what_ffrun_stores),
       cmocka_unit_test(ffrun_holds_18_bytes_per_parameter_in_bf16_and_16_in_fp32),
       cmocka_unit_test(ring_allreduce_follows_the_alpha_beta_formula),
+      cmocka_unit_test(attention_is_timed_as_its_kernel_runs_it),
       cmocka_unit_test(measured_layer_times_take_precedence),
       cmocka_unit_test(gemm_efficiency_is_interpolated_between_measured_sizes),
       cmocka_unit_test(gradient_sums_leaving_a_node_share_its_nics),
+      cmocka_unit_test(a_boundary_moves_each_element_once),
       cmocka_unit_test(sizes_of_the_largest_readable_model_cannot_overflow),
       cmocka_unit_test(ten_million_micro_batches_simulate_exactly),
   };

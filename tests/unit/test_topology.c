@@ -748,8 +748,9 @@ static double layer_seconds(const bf_search *s, const bf_unit *u, int64_t mbs) {
                  (double)((heads.end + g - 1) / g - heads.first / g), (double)(ffn.end - ffn.first),
                  0.0};
   ff_layer_time lt = ff_cost_layer_time(
-      m, tr->precision, &s->in->cluster.devices[s->in->cluster.nodes[u->node].device], sh,
-      (double)mbs, u->tp, tr->recompute, ff_comm_allreduce(&s->in->cluster, u->tp, node, gpu, act));
+      m, tr->precision, tr->attention,
+      &s->in->cluster.devices[s->in->cluster.nodes[u->node].device], sh, (double)mbs, u->tp,
+      tr->recompute, ff_comm_allreduce(&s->in->cluster, u->tp, node, gpu, act));
   return lt.fwd + lt.bwd + lt.recompute + lt.tp_fwd + lt.tp_bwd;
 }
 

@@ -301,13 +301,17 @@ static double gather_ring(int n, ff_link ring, double bytes) {
   return n * ring.latency_us * 1e-6 + bytes / (ring.bandwidth_gb_per_s * 1e9);
 }
 
-double ff_comm_gather(const ff_cluster *c, int n, const int *node, const int *gpu, double bytes) {
-  if (n <= 1)
-    return 0.0;
-  ff_link ring = ff_cluster_gpu_link(c, node[n - 1], gpu[n - 1], node[0], gpu[0]);
+/* The slowest link of the flat ring over members (node[i], gpu[i]) in the given order. */
+static ff_link flat_ring(const ff_cluster *c, int n, const int *node, const int *gpu,
+                         const int *flows) {
+  ff_link ring = member_link(c, node[n - 1], gpu[n - 1], node[0], gpu[0], flows);
   for (int i = 1; i < n; i++)
-    ring = slower(ring, ff_cluster_gpu_link(c, node[i - 1], gpu[i - 1], node[i], gpu[i]));
-  return gather_ring(n, ring, bytes);
+    ring = slower(ring, member_link(c, node[i - 1], gpu[i - 1], node[i], gpu[i], flows));
+  return ring;
+}
+
+double ff_comm_gather(const ff_cluster *c, int n, const int *node, const int *gpu, double bytes) {
+  return n <= 1 ? 0.0 : gather_ring(n, flat_ring(c, n, node, gpu, NULL), bytes);
 }
 
 double ff_comm_gather_node(const ff_cluster *c, int node, int first_gpu, int n, double bytes) {
@@ -328,11 +332,7 @@ double ff_comm_allreduce_shared(const ff_cluster *c, int n, const int *node, con
                                 double bytes, const int *flows) {
   if (n <= 1)
     return 0.0;
-  /* Flat ring in the given order. */
-  ff_link ring = member_link(c, node[n - 1], gpu[n - 1], node[0], gpu[0], flows);
-  for (int i = 1; i < n; i++)
-    ring = slower(ring, member_link(c, node[i - 1], gpu[i - 1], node[i], gpu[i], flows));
-  double flat = ff_comm_allreduce_ring(n, bytes, ring);
+  double flat = ff_comm_allreduce_ring(n, bytes, flat_ring(c, n, node, gpu, flows));
   bool one_node = true;
   for (int i = 1; i < n && one_node; i++)
     one_node = node[i] == node[0];
@@ -449,10 +449,9 @@ ff_attention_time ff_cost_attention_time(const ff_model *m, ff_precision prec, f
   double cells = r * r * (c - 1.0) * c / 2.0 + (s - (c - 1.0) * r) * s;
   double scores = 4.0 * b * heads * cells; /* bytes of every chunk's scores, fp32 */
   double flops = 2.0 * b * heads * cells * hd;
-  double gemm = larger(flops / (ff_peak_flops(dev, prec) * gemm_efficiency(dev, prec, heads * r, s,
-                                                                           hd)),
-                       ff_time_memory(dev, scores));
   double pass = ff_time_memory(dev, scores);
+  double eff = gemm_efficiency(dev, prec, heads * r, s, hd);
+  double gemm = larger(flops / (ff_peak_flops(dev, prec) * eff), pass);
   t.fwd = 2.0 * gemm + 2.0 * pass + ff_time_memory(dev, io_fwd);
   t.bwd = 5.0 * gemm + 5.0 * pass + ff_time_memory(dev, io_bwd);
   return t;

@@ -109,7 +109,8 @@ double ff_comm_allreduce_shared(const ff_cluster *c, int n, const int *node, con
  * different nodes, `cross`): the largest piece, bytes / max(n_a, n_b), between nodes; inside a
  * node every sender sends its 1/n_a and every receiver takes in its 1/n_b over its own link.
  * ff_comm_gather: the receiving group then gathers its parts, one broadcast of bytes/n per
- * member over the group's slowest ring link: n·α + bytes/β (0 for one rank). */
+ * member over the group's slowest ring link: n·α + bytes/β (0 for one rank); only the receiving
+ * stage waits for it (ff_stage_eval's gather_*_seconds). */
 int ff_boundary_flows(int n_a, int n_b);
 double ff_comm_boundary(double bytes, int n_a, int n_b, bool cross, ff_link link);
 double ff_comm_gather(const ff_cluster *c, int n, const int *node, const int *gpu, double bytes);
@@ -214,6 +215,9 @@ typedef struct ff_rank_eval {
 typedef struct ff_stage_eval {
   double fwd_seconds, bwd_seconds;  /* per micro-batch: the slowest rank of the TP group */
   double send_fwd_seconds, send_bwd_seconds; /* to the next stage, per micro-batch */
+  /* per micro-batch: the stage's gather of an arriving activation (0 on the first stage) and of
+   * an arriving gradient (0 on the last), which only the receiving stage waits for (§5.6) */
+  double gather_fwd_seconds, gather_bwd_seconds;
   double finish_seconds, busy_seconds, bubble_seconds;
   double dp_seconds;                /* gradient all-reduce across pipelines after the stage ends */
   double hardware_flops;            /* per iteration, recompute included */
@@ -250,6 +254,12 @@ typedef struct ff_plan_eval {
  * pipeline, DP synchronisation, optimizer step, MFU and HFU. */
 ff_status ff_evaluate_plan(const ff_plan *plan, ff_plan_eval *out);
 void ff_plan_eval_free(ff_plan_eval *e);
+/* A stage's stage-boundary time per micro-batch: its two transfers with the next stage and its
+ * two gathers. */
+double ff_stage_p2p_seconds(const ff_stage_eval *se);
+/* The simulator's inputs for the n stages of pe in buf (4·n): forward and backward per
+ * micro-batch, each after the gather of what it consumes, then send_fwd and send_bwd. */
+void ff_stage_sim_inputs(const ff_pipeline_eval *pe, int n, double *buf);
 /* Write the evaluation's figures into the plan's `predicted` fields. */
 void ff_plan_set_predicted(ff_plan *plan, const ff_plan_eval *e);
 

@@ -72,20 +72,17 @@ static void count_boundary_flows(const ff_plan *plan, nic_flows *f, int *fwd_out
 
 /* Per micro-batch transfer of b·s·h activations from stage a to stage b as ffrun moves them
  * (ff_comm_boundary: each element once, in pieces; between nodes the pieces share the NICs of
- * both nodes with the node's other boundary flows), then the receiving group's gather. node and
- * gpu have room for the receiving group. */
+ * both nodes with the node's other boundary flows). The receiving group's gather is its own
+ * (eval_stage). */
 static double boundary_seconds(const ff_plan *plan, const ff_plan_stage *from,
-                               const ff_plan_stage *to, double bytes, const nic_flows *f,
-                               int *node, int *gpu) {
+                               const ff_plan_stage *to, double bytes, const nic_flows *f) {
   const ff_cluster *c = &plan->cluster;
   const ff_plan_rank *x = &from->ranks[0], *y = &to->ranks[0];
   ff_link link = ff_cluster_gpu_link(c, x->node, x->gpu, y->node, y->gpu);
   bool cross = x->node != y->node;
   if (cross)
     link = ff_cluster_shared_link(c, link, x->node, y->node, f->out[x->node], f->in[y->node]);
-  stage_group(to, node, gpu);
-  return ff_comm_boundary(bytes, from->n_ranks, to->n_ranks, cross, link) +
-         ff_comm_gather(c, to->n_ranks, node, gpu, bytes);
+  return ff_comm_boundary(bytes, from->n_ranks, to->n_ranks, cross, link);
 }
 
 /* The rank in pipeline q that holds the same weights as (stage st, rank r) does, for the DP
@@ -145,6 +142,9 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
   double act_bytes = b * sq * h * elem;
   stage_group(st, node, gpu);
   double tp_allreduce = ff_comm_allreduce(&plan->cluster, st->n_ranks, node, gpu, act_bytes);
+  double gather = ff_comm_gather(&plan->cluster, st->n_ranks, node, gpu, act_bytes);
+  se->gather_fwd_seconds = s > 0 ? gather : 0.0;
+  se->gather_bwd_seconds = s + 1 < pl->n_stages ? gather : 0.0;
   se->in_flight = ff_sim_in_flight(tr->schedule, pl->n_stages, s, pl->micro_batches);
   int dp = plan->n_pipelines;
   const ff_device *prev_dev = NULL;
@@ -159,8 +159,8 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
     ff_shard sh = rank_shard(st, r);
     /* Ranks of a group with the same shard on the same device take the same time. */
     if (t == 0 || dev != prev_dev || memcmp(&sh, &prev_sh, sizeof sh) != 0)
-      prev_lt = ff_cost_layer_time(m, tr->precision, tr->attention, dev, sh, b, st->n_ranks, st->recompute,
-                                   tp_allreduce);
+      prev_lt = ff_cost_layer_time(m, tr->precision, tr->attention, dev, sh, b, st->n_ranks,
+                                   st->recompute, tp_allreduce);
     prev_dev = dev;
     prev_sh = sh;
     ff_layer_time lt = prev_lt;
@@ -221,10 +221,8 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
     se->hardware_flops = hw * (double)pl->micro_batches;
   }
   if (s + 1 < pl->n_stages) {
-    se->send_fwd_seconds =
-        boundary_seconds(plan, st, &pl->stages[s + 1], act_bytes, f, node, gpu);
-    se->send_bwd_seconds =
-        boundary_seconds(plan, &pl->stages[s + 1], st, act_bytes, f, node, gpu);
+    se->send_fwd_seconds = boundary_seconds(plan, st, &pl->stages[s + 1], act_bytes, f);
+    se->send_bwd_seconds = boundary_seconds(plan, &pl->stages[s + 1], st, act_bytes, f);
   }
 }
 
@@ -290,12 +288,7 @@ static ff_status eval_pipeline(const ff_plan *plan, int p, ff_plan_eval *e) {
   }
   double *f = buf, *b = buf + n, *sf = buf + 2 * n, *sb = buf + 3 * n, *fin = buf + 4 * n,
          *busy = buf + 5 * n;
-  for (int s = 0; s < n; s++) {
-    f[s] = pe->stages[s].fwd_seconds;
-    b[s] = pe->stages[s].bwd_seconds;
-    sf[s] = pe->stages[s].send_fwd_seconds;
-    sb[s] = pe->stages[s].send_bwd_seconds;
-  }
+  ff_stage_sim_inputs(pe, n, buf);
   pe->seconds = ff_sim_pipeline(plan->training.schedule, n, pl->micro_batches, f, b, sf, sb, fin,
                                 busy, peak);
   if (pe->seconds < 0) {
@@ -377,7 +370,7 @@ static void eval_totals(const ff_plan *plan, ff_plan_eval *e) {
   double mb = (double)pl->micro_batches;
   e->compute_seconds = mb * (re->compute_fwd_seconds + re->compute_bwd_seconds + re->recompute_seconds);
   e->tp_seconds = mb * re->tp_seconds;
-  e->pp_seconds = mb * (se->send_fwd_seconds + se->send_bwd_seconds);
+  e->pp_seconds = mb * ff_stage_p2p_seconds(se);
   e->bubble_seconds = se->bubble_seconds;
   e->dp_seconds = e->dp_exposed_seconds;
 }
@@ -388,7 +381,7 @@ static void eval_binding(const ff_plan *plan, ff_plan_eval *e) {
       const ff_plan_stage *st = &plan->pipelines[p].stages[s];
       ff_stage_eval *se = &e->pipelines[p].stages[s];
       se->binding = 0;
-      double compute = 0.0, comm = se->send_fwd_seconds + se->send_bwd_seconds;
+      double compute = 0.0, comm = ff_stage_p2p_seconds(se);
       for (int t = 0; t < st->n_ranks; t++) {
         const ff_rank_eval *re = &e->ranks[st->ranks[t].rank];
         if (re->memory_total_bytes >= 0.95 * re->capacity_bytes)
@@ -402,6 +395,21 @@ static void eval_binding(const ff_plan *plan, ff_plan_eval *e) {
       if (se->binding == 0 && comm > compute)
         se->binding = 2;
     }
+}
+
+double ff_stage_p2p_seconds(const ff_stage_eval *se) {
+  return se->send_fwd_seconds + se->send_bwd_seconds + se->gather_fwd_seconds +
+         se->gather_bwd_seconds;
+}
+
+void ff_stage_sim_inputs(const ff_pipeline_eval *pe, int n, double *buf) {
+  for (int s = 0; s < n; s++) {
+    const ff_stage_eval *se = &pe->stages[s];
+    buf[s] = se->gather_fwd_seconds + se->fwd_seconds;
+    buf[n + s] = se->gather_bwd_seconds + se->bwd_seconds;
+    buf[2 * n + s] = se->send_fwd_seconds;
+    buf[3 * n + s] = se->send_bwd_seconds;
+  }
 }
 
 ff_status ff_evaluate_plan(const ff_plan *plan, ff_plan_eval *out) {

@@ -702,7 +702,9 @@ static void send_to(dist *d, const ff_plan_stage *to, const float *buf, int64_t 
  * the others, in rank order, so each holds the whole tensor (buf: host memory on the host path,
  * backend memory on the device path). */
 static void gather_parts(dist *d, float *buf, int64_t n) {
-  for (int r = 0; r < d->st->n_ranks && d->st->n_ranks > 1; r++) {
+  if (d->st->n_ranks <= 1)
+    return;
+  for (int r = 0; r < d->st->n_ranks; r++) {
     ff_span part = chunk(n, d->st->n_ranks, r);
     d->c->bcast(d->tp, buf + part.first, (size_t)(part.end - part.first) * sizeof *buf, r);
   }
@@ -1220,7 +1222,7 @@ static void write_stages(dist *d, const double *all) {
                 "\"tp_seconds\": %.6g, \"dp_seconds\": %.6g, \"bubble_seconds\": %.6g, "
                 "\"memory_gib\": %.6g}",
                 mb * (re->compute_fwd_seconds + re->compute_bwd_seconds + re->recompute_seconds),
-                mb * (se->send_fwd_seconds + se->send_bwd_seconds), mb * re->tp_seconds,
+                mb * ff_stage_p2p_seconds(se), mb * re->tp_seconds,
                 se->dp_seconds, se->bubble_seconds, re->memory_total_bytes / FF_GIB);
       }
       fprintf(d->metrics, "}");

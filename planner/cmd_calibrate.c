@@ -185,7 +185,7 @@ static void predicted_terms(const ff_plan *p, const ff_plan_eval *e, double *out
       double mb = (double)pl->micro_batches;
       out[i * TERM_COUNT + TERM_COMPUTE] = mb * (re->compute_fwd_seconds + re->compute_bwd_seconds + re->recompute_seconds);
       out[i * TERM_COUNT + TERM_TP] = mb * re->tp_seconds;
-      out[i * TERM_COUNT + TERM_P2P] = mb * (se->send_fwd_seconds + se->send_bwd_seconds);
+      out[i * TERM_COUNT + TERM_P2P] = mb * ff_stage_p2p_seconds(se);
       out[i * TERM_COUNT + TERM_DP] = se->dp_seconds;
       out[i * TERM_COUNT + TERM_MEMORY] = re->memory_total_bytes / FF_GIB;
     }

@@ -49,12 +49,14 @@ static void print_text(const ff_plan *plan, const ff_plan_eval *e) {
       const ff_plan_stage *st = &pl->stages[s];
       const ff_stage_eval *se = &pe->stages[s];
       printf("  stage %d: layers %lld-%lld%s%s, TP %d, recompute %s, in flight %lld | fwd %.4f "
-             "bwd %.4f ms | send %.4f/%.4f ms | busy %.4f s bubble %.4f s DP %.4f s | bound by %s\n",
+             "bwd %.4f ms | send %.4f/%.4f ms gather %.4f/%.4f ms | busy %.4f s bubble %.4f s "
+             "DP %.4f s | bound by %s\n",
              s, (long long)st->layers.first, (long long)st->layers.end,
              st->embedding ? " +embedding" : "", st->lm_head ? " +LM head" : "", st->n_ranks,
              ff_recompute_names[st->recompute], (long long)se->in_flight, se->fwd_seconds * 1e3,
              se->bwd_seconds * 1e3, se->send_fwd_seconds * 1e3, se->send_bwd_seconds * 1e3,
-             se->busy_seconds, se->bubble_seconds, se->dp_seconds, binding_names[se->binding]);
+             se->gather_fwd_seconds * 1e3, se->gather_bwd_seconds * 1e3, se->busy_seconds,
+             se->bubble_seconds, se->dp_seconds, binding_names[se->binding]);
       for (int t = 0; t < st->n_ranks; t++)
         print_rank_memory(plan, &st->ranks[t], &e->ranks[st->ranks[t].rank]);
     }
@@ -109,6 +111,8 @@ static cJSON *eval_json(const ff_plan *plan, const ff_plan_eval *e) {
       cJSON_AddNumberToObject(sj, "backward_seconds", se->bwd_seconds);
       cJSON_AddNumberToObject(sj, "send_forward_seconds", se->send_fwd_seconds);
       cJSON_AddNumberToObject(sj, "send_backward_seconds", se->send_bwd_seconds);
+      cJSON_AddNumberToObject(sj, "gather_forward_seconds", se->gather_fwd_seconds);
+      cJSON_AddNumberToObject(sj, "gather_backward_seconds", se->gather_bwd_seconds);
       cJSON_AddNumberToObject(sj, "busy_seconds", se->busy_seconds);
       cJSON_AddNumberToObject(sj, "bubble_seconds", se->bubble_seconds);
       cJSON_AddNumberToObject(sj, "finish_seconds", se->finish_seconds);

@@ -54,12 +54,7 @@ static ff_status tl_replay(const ff_plan *plan, const ff_plan_eval *e, int pi, t
     fprintf(stderr, "ffplan svg: out of memory replaying pipeline %d\n", pi);
     return FF_ERR_RUNTIME;
   }
-  for (int i = 0; i < n; i++) {
-    buf[i] = pe->stages[i].fwd_seconds;
-    buf[n + i] = pe->stages[i].bwd_seconds;
-    buf[2 * n + i] = pe->stages[i].send_fwd_seconds;
-    buf[3 * n + i] = pe->stages[i].send_bwd_seconds;
-  }
+  ff_stage_sim_inputs(pe, n, buf);
   tl_rec rec = {n_ops, out};
   out->makespan = ff_sim_pipeline_observed(plan->training.schedule, n, out->m, buf, buf + n,
                                            buf + 2 * n, buf + 3 * n, NULL, NULL, NULL, tl_record,

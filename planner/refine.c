@@ -136,9 +136,14 @@ restart:
         for (int moved = 0; moved <= 1 && budget > 0; moved++) {
           int n_stages = best->pipes[j].n_stages;
           const ff_cand_stage *st = best->pipes[j].stages;
-          int donor = k == n_stages ? k - 1 : k == 0 ? 0 : st[k].layers >= st[k - 1].layers ? k : k - 1;
-          if (moved ? st[donor].layers < 2 : (k != 0 && k != n_stages) || st[donor].layers < 1)
-            continue; /* the stage beside a new end stage keeps a layer: none stands empty */
+          int donor = k == n_stages ? k - 1 : k; /* the displaced stage, or the last */
+          if (k > 0 && k < n_stages && st[k - 1].layers > st[k].layers)
+            donor = k - 1;
+          bool at_end = k == 0 || k == n_stages;
+          /* a donor keeps a layer, and so does the stage beside a new end stage: none stands
+           * empty */
+          if (moved ? st[donor].layers < 2 : !at_end || st[donor].layers < 1)
+            continue;
           ff_candidate trial;
           if (ff_candidate_copy(best, &trial) != FF_OK)
             return taken;

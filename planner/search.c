@@ -443,29 +443,26 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
     double before = 0.0;
     slow[j] = sum[j] = 0.0;
     for (int k = 0; k < p; k++) {
-      double after = 0.0, both = 0.0;
+      const ff_unit *u = &units[c->pipes[j].stages[k].unit];
+      double after = 0.0;
       if (k + 1 < p) {
-        const ff_unit *u = &units[c->pipes[j].stages[k].unit];
         const ff_unit *v = &units[c->pipes[j].stages[k + 1].unit];
         ff_link l = ff_cluster_gpu_link(ctx->cluster, u->node, u->first_gpu, v->node,
                                         v->first_gpu);
-        /* each element once, in pieces, then the receiving group gathers (cost-model.md §5.6):
-         * v after the forward's transfer, u after the backward's; an exchange pairs one of each
-         * direction, the fill and the drain cross once each way */
-        bool cross = u->node != v->node;
+        bool cross = u->node != v->node; /* each element once, in pieces (cost-model.md §5.6) */
         if (cross)
           l = ff_cluster_shared_link(ctx->cluster, l, u->node, v->node, boundary_flows[u->node],
                                      boundary_flows[v->node]);
-        double x = ff_comm_boundary(act_bytes, u->tp, v->tp, cross, l);
-        double fwd = x + ff_comm_gather_node(ctx->cluster, v->node, v->first_gpu, v->tp, act_bytes);
-        double bwd = x + ff_comm_gather_node(ctx->cluster, u->node, u->first_gpu, u->tp, act_bytes);
-        after = fwd > bwd ? fwd : bwd;
-        both = fwd + bwd;
+        after = ff_comm_boundary(act_bytes, u->tp, v->tp, cross, l);
       }
-      double tk = times[(size_t)j * p_max + k];
+      /* the stage gathers what arrives from each neighbour in its own group */
+      int arrivals = (k > 0) + (k + 1 < p);
+      double tk = times[(size_t)j * p_max + k] +
+                  arrivals * ff_comm_gather_node(ctx->cluster, u->node, u->first_gpu, u->tp,
+                                                 act_bytes);
       if (tk + before + after > slow[j])
         slow[j] = tk + before + after;
-      sum[j] += tk + both;
+      sum[j] += tk + 2.0 * after;
       before = after;
     }
   }

@@ -86,7 +86,8 @@ for p, pe in zip(plan["pipelines"], sim["pipelines"]):
         r = se["ranks"][0]
         stages.append({"compute_seconds": mb * (r["forward_seconds"] + r["backward_seconds"] - r["tp_seconds"]),
                        "tp_seconds": mb * r["tp_seconds"],
-                       "p2p_seconds": mb * (se["send_forward_seconds"] + se["send_backward_seconds"]),
+                       "p2p_seconds": mb * (se["send_forward_seconds"] + se["send_backward_seconds"]
+                                            + se["gather_forward_seconds"] + se["gather_backward_seconds"]),
                        "dp_seconds": se["dp_seconds"], "bubble_seconds": 0,
                        # the ranks held 0.5 GiB more than the slowed cluster predicts
                        "memory_gib": r["memory_gib"]["total"] + 0.5})

@@ -16,7 +16,8 @@ const char *const ff_dtype_names[] = {"bf16", "fp16", "tf32", "fp32", NULL};
 const char *const ff_precision_names[] = {"bf16", "fp32", NULL};
 const char *const ff_recompute_names[] = {"none", "selective", "full", "auto", NULL};
 const char *const ff_schedule_names[] = {"1f1b", "gpipe", NULL};
-const char *const ff_attention_names[] = {"auto", "tensor", "fused", "gemm", NULL};
+const char *const ff_attention_names[] = {"auto", "tensor", "fused", "gemm", "megatron",
+                                                 NULL};
 const char *const ff_decay_names[] = {"cosine", "linear", "constant", NULL};
 const char *const ff_plan_ilp_names[] = {"off", "not run", "no gain", "improved", NULL};
 

@@ -43,12 +43,15 @@ typedef enum ff_recompute {
 typedef enum ff_schedule { FF_SCHEDULE_1F1B, FF_SCHEDULE_GPIPE } ff_schedule;
 /* The attention kernel a GPU rank runs (docs/executor.md): auto is tensor under bf16 and fused
  * under fp32; tensor is flash-style on bf16 tensor cores (fused where it cannot run); fused is
- * flash-style in fp32 on CUDA cores; gemm is cuBLAS with the scores materialised. */
+ * flash-style in fp32 on CUDA cores; gemm is cuBLAS with the scores materialised. megatron is
+ * no kernel of ffrun's: it describes Megatron-LM's default core attention, so that `ffplan
+ * simulate` can predict runs of that framework (ffrun refuses such a plan). */
 typedef enum ff_attention {
   FF_ATTENTION_AUTO,
   FF_ATTENTION_TENSOR,
   FF_ATTENTION_FUSED,
-  FF_ATTENTION_GEMM
+  FF_ATTENTION_GEMM,
+  FF_ATTENTION_MEGATRON
 } ff_attention;
 typedef enum ff_decay { FF_DECAY_COSINE, FF_DECAY_LINEAR, FF_DECAY_CONSTANT } ff_decay;
 

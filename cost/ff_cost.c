@@ -408,6 +408,32 @@ ff_attention ff_cost_attention_kernel(ff_attention a, ff_precision prec) {
 
 static double larger(double x, double y) { return x > y ? x : y; }
 
+/* Megatron-LM's core attention without flash attention (megatron/model/transformer.py,
+ * CoreAttention; megatron/model/fused_softmax.py): one strided batch of b·heads GEMMs writes the
+ * whole s×s score matrix of every head (the causal mask is applied to it, not skipped), kernels
+ * pass over it, and a GEMM reads the probabilities. Scores are in the training precision. Under
+ * 16-bit math the scale, mask and softmax are one fused kernel (read, write); under fp32 they are
+ * PyTorch's: masked_fill (read, write) and softmax (read, write). Attention dropout (Megatron's
+ * default 0.1) reads the probabilities and writes them and a one-byte mask. Backward: two GEMMs
+ * write dP and read P (dV), dropout's backward reads dP and the mask and writes, the softmax
+ * backward reads P and dP and writes dS (the fp32 path then masks it: read, write), and two GEMMs
+ * read dS (dQ, dK). A GEMM takes the longer of its FLOPs and its pass over the scores. */
+static ff_attention_time megatron_attention(const ff_model *m, ff_precision prec,
+                                            const ff_device *dev, double heads, double b,
+                                            double io_fwd, double io_bwd) {
+  double s = (double)m->seq_len, hd = (double)(m->hidden / m->heads);
+  double elem = prec == FF_PRECISION_BF16 ? 2.0 : 4.0;
+  double cells = b * heads * s * s;
+  double pass = ff_time_memory(dev, elem * cells), mask = ff_time_memory(dev, cells);
+  double eff = gemm_efficiency(dev, prec, heads * s, s, hd);
+  double gemm = larger(2.0 * cells * hd / (ff_peak_flops(dev, prec) * eff), pass);
+  double unfused = prec == FF_PRECISION_BF16 ? 0.0 : 2.0; /* masked_fill, and its backward */
+  ff_attention_time t;
+  t.fwd = 2.0 * gemm + (4.0 + unfused) * pass + mask + ff_time_memory(dev, io_fwd);
+  t.bwd = 4.0 * gemm + (5.0 + unfused) * pass + mask + ff_time_memory(dev, io_bwd);
+  return t;
+}
+
 /* Flash-style kernels (tensor, fused) keep the scores on chip: query t sees keys 0..t, so they
  * do s(s+1)/2 of the s² products per head. Forward: Q·Kᵀ and P·V; backward: Q·Kᵀ again, dV, dP,
  * dQ and dK. Each is at least its FLOPs at the flash efficiency and at least its operands'
@@ -430,6 +456,8 @@ ff_attention_time ff_cost_attention_time(const ff_model *m, ff_precision prec, f
   double io_fwd = b * s * hd * elem * (2.0 * heads + 2.0 * kv_heads);
   double io_bwd = b * s * hd * elem * (4.0 * heads + 4.0 * kv_heads);
   a = ff_cost_attention_kernel(a, prec);
+  if (a == FF_ATTENTION_MEGATRON)
+    return megatron_attention(m, prec, dev, heads, b, io_fwd, io_bwd);
   if (a != FF_ATTENTION_GEMM) {
     double peak = ff_peak_flops(dev, a == FF_ATTENTION_TENSOR ? FF_PRECISION_BF16
                                                               : FF_PRECISION_FP32);

@@ -566,6 +566,13 @@ int main(int argc, char **argv) {
     ff_plan_free(&plan);
     return FF_ERR_INPUT;
   }
+  if (plan.training.attention == FF_ATTENTION_MEGATRON) { /* a description, not a kernel */
+    fprintf(stderr, "%s: inputs.training.attention: is \"megatron\", which describes Megatron-LM's "
+            "attention for `ffplan simulate`; ffrun runs auto, tensor, fused or gemm\n",
+            c.plan_file);
+    ff_plan_free(&plan);
+    return FF_ERR_INPUT;
+  }
   backend got;
   char note[512];
   if (!choose_backend((backend)c.backend, &got, note, sizeof note)) {

@@ -90,6 +90,27 @@ for key in iteration_seconds tokens_per_second mfu hfu model_flops_per_iteration
   expect_grep "$tmp/out" "\"$key\"" "simulate --json has $key"
 done
 
+# A plan that describes Megatron-LM's attention (for comparing runs of that framework) simulates,
+# slower here than with ffrun's own GEMM kernel (every score, more passes; under bf16 its scores
+# are half the bytes, so that is this plan's shape, not a rule).
+python3 - profiles/plans/flashflex-b-llama-2-7b.json "$tmp/attn" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["inputs"].pop("digests", None)
+for kind in ("gemm", "megatron"):
+    p["inputs"]["training"]["attention"] = kind
+    json.dump(p, open(f"{sys.argv[2]}-{kind}.json", "w"), indent=2)
+PY
+for kind in gemm megatron; do
+  expect_status 0 "simulate with attention $kind" "$ffplan" simulate --json "$tmp/attn-$kind.json"
+  sed -n 's/.*"iteration_seconds": \([0-9.e+-]*\).*/\1/p' "$tmp/out" | head -1 >"$tmp/attn-$kind.t"
+done
+checks=$((checks + 1))
+awk -v g="$(cat "$tmp/attn-gemm.t")" -v m="$(cat "$tmp/attn-megatron.t")" \
+  'BEGIN { exit !(g > 0 && m > g) }' ||
+  { echo "FAIL: megatron attention not slower than gemm:" \
+      "$(cat "$tmp/attn-megatron.t") vs $(cat "$tmp/attn-gemm.t")"; failures=$((failures + 1)); }
+
 # plan: writes a valid plan atomically; bad input 2; nothing fits 3 without an output file.
 expect_status 0 "ffplan plan" "$ffplan" plan --cluster profiles/clusters/cpu-local.json \
   --model profiles/models/tiny.json --training profiles/training/tiny.json -o "$tmp/planned.json"

@@ -78,6 +78,16 @@ json.dump(p, open(sys.argv[2], "w"), indent=2)
 PY
 expect 2 "zero1.json: inputs.training.zero1: is true, but ffrun keeps the whole optimizer state" \
   "$ffrun" "$tmp/zero1.json" --text LICENSE --quiet
+# attention "megatron" describes another framework's kernels for ffplan simulate: refused.
+python3 - "$plan" "$tmp/megatron.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["inputs"].pop("digests", None)
+p["inputs"]["training"]["attention"] = "megatron"
+json.dump(p, open(sys.argv[2], "w"), indent=2)
+PY
+expect 2 "megatron.json: inputs.training.attention: is \"megatron\"" \
+  "$ffrun" "$tmp/megatron.json" --text LICENSE --quiet
 expect 2 "expects a positive integer" "$ffrun" "$plan" --text LICENSE --steps zero
 
 echo "train: $checks checks, $failures failed"

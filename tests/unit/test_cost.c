@@ -484,6 +484,14 @@ static void a_boundary_moves_each_element_once(void **state) {
   ff_plan_free(&plan);
 }
 
+/* A device of 200 bf16 and 20 fp32 TFLOP/s and 1 TB/s, for the attention timings below. */
+static ff_device attention_device(void) {
+  ff_device dev = {.memory_bandwidth_gb_per_s = 1000};
+  dev.peak_tflops[FF_DTYPE_BF16] = 200.0;
+  dev.peak_tflops[FF_DTYPE_FP32] = 20.0;
+  return dev;
+}
+
 /* The attention core as each kernel does it: auto resolves by precision; the flash kernels do
  * the causal half of the products, 2.5 times as many backward, at the flash efficiencies of the
  * math they run on; the GEMM kernel materialises fp32 scores (all s² of them in one chunk, the
@@ -499,9 +507,7 @@ static void attention_is_timed_as_its_kernel_runs_it(void **state) {
   assert_int_equal(ff_cost_attention_kernel(FF_ATTENTION_GEMM, FF_PRECISION_BF16),
                    FF_ATTENTION_GEMM);
   ff_model m = {.hidden = 1024, .heads = 16, .kv_heads = 16, .seq_len = 2048};
-  ff_device dev = {.memory_bandwidth_gb_per_s = 1000};
-  dev.peak_tflops[FF_DTYPE_BF16] = 200.0;
-  dev.peak_tflops[FF_DTYPE_FP32] = 20.0;
+  ff_device dev = attention_device();
   double s = 2048, hd = 64, a = 16, b = 2, bw = 1000e9 * FF_COST_MEMORY_EFFICIENCY;
   double pairs = b * a * s * (s + 1) / 2;
   ff_attention_time t =
@@ -541,6 +547,40 @@ static void attention_is_timed_as_its_kernel_runs_it(void **state) {
       ff_cost_attention_time(&m, FF_PRECISION_BF16, FF_ATTENTION_TENSOR, &dev, a, 1, b);
   t = ff_cost_attention_time(&m, FF_PRECISION_BF16, FF_ATTENTION_GEMM, &dev, a, 1, b);
   assert_true(t.fwd > flash.fwd && t.bwd > flash.bwd);
+}
+
+/* Megatron-LM's core attention writes all s² scores of a head (the mask is applied, not
+ * skipped) in the training precision and passes over them: forward two GEMMs, softmax (fused
+ * under bf16; PyTorch's masked_fill and softmax under fp32) and dropout with its one-byte mask;
+ * backward four GEMMs, dropout, softmax (and the mask under fp32). */
+static void megatron_attention_passes_over_every_score(void **state) {
+  (void)state;
+  assert_int_equal(ff_cost_attention_kernel(FF_ATTENTION_MEGATRON, FF_PRECISION_FP32),
+                   FF_ATTENTION_MEGATRON);
+  ff_model m = {.hidden = 1024, .heads = 16, .kv_heads = 16, .seq_len = 2048};
+  ff_device dev = attention_device();
+  double s = 2048, hd = 64, a = 16, b = 2, bw = 1000e9 * FF_COST_MEMORY_EFFICIENCY;
+  double cells = b * a * s * s, mask = cells / bw;
+  /* bf16: the GEMMs are bound by their pass over the 2-byte scores */
+  double pass = 2 * cells / bw, gemm = 2 * cells * hd / (200e12 * FF_COST_GEMM_EFFICIENCY);
+  assert_true(gemm < pass);
+  double io = b * s * hd * 2 * (2 * a + 2 * a);
+  ff_attention_time t =
+      ff_cost_attention_time(&m, FF_PRECISION_BF16, FF_ATTENTION_MEGATRON, &dev, a, a, b);
+  assert_true(near(t.fwd, 2 * pass + 4 * pass + mask + io / bw));
+  assert_true(near(t.bwd, 4 * pass + 5 * pass + mask + 2 * io / bw));
+  /* fp32: 4-byte scores, bound by the FLOPs on CUDA cores; two more passes each way */
+  pass = 4 * cells / bw;
+  gemm = 2 * cells * hd / (20e12 * FF_COST_GEMM_EFFICIENCY);
+  assert_true(gemm > pass);
+  io = b * s * hd * 4 * (2 * a + 2 * a);
+  t = ff_cost_attention_time(&m, FF_PRECISION_FP32, FF_ATTENTION_MEGATRON, &dev, a, a, b);
+  assert_true(near(t.fwd, 2 * gemm + 6 * pass + mask + io / bw));
+  assert_true(near(t.bwd, 4 * gemm + 7 * pass + mask + 2 * io / bw));
+  /* ffrun's GEMM kernel skips the masked half and keeps fewer passes: never slower */
+  ff_attention_time own =
+      ff_cost_attention_time(&m, FF_PRECISION_FP32, FF_ATTENTION_GEMM, &dev, a, a, b);
+  assert_true(own.fwd < t.fwd && own.bwd < t.bwd);
 }
 
 static void measured_layer_times_take_precedence(void **state) {
@@ -675,6 +715,7 @@ int main(void) {
       cmocka_unit_test(ffrun_holds_18_bytes_per_parameter_in_bf16_and_16_in_fp32),
       cmocka_unit_test(ring_allreduce_follows_the_alpha_beta_formula),
       cmocka_unit_test(attention_is_timed_as_its_kernel_runs_it),
+      cmocka_unit_test(megatron_attention_passes_over_every_score),
       cmocka_unit_test(measured_layer_times_take_precedence),
       cmocka_unit_test(gemm_efficiency_is_interpolated_between_measured_sizes),
       cmocka_unit_test(gradient_sums_leaving_a_node_share_its_nics),

@@ -408,32 +408,6 @@ ff_attention ff_cost_attention_kernel(ff_attention a, ff_precision prec) {
 
 static double larger(double x, double y) { return x > y ? x : y; }
 
-/* Megatron-LM's core attention without flash attention (megatron/model/transformer.py,
- * CoreAttention; megatron/model/fused_softmax.py): one strided batch of b·heads GEMMs writes the
- * whole s×s score matrix of every head (the causal mask is applied to it, not skipped), kernels
- * pass over it, and a GEMM reads the probabilities. Scores are in the training precision. Under
- * 16-bit math the scale, mask and softmax are one fused kernel (read, write); under fp32 they are
- * PyTorch's: masked_fill (read, write) and softmax (read, write). Attention dropout (Megatron's
- * default 0.1) reads the probabilities and writes them and a one-byte mask. Backward: two GEMMs
- * write dP and read P (dV), dropout's backward reads dP and the mask and writes, the softmax
- * backward reads P and dP and writes dS (the fp32 path then masks it: read, write), and two GEMMs
- * read dS (dQ, dK). A GEMM takes the longer of its FLOPs and its pass over the scores. */
-static ff_attention_time megatron_attention(const ff_model *m, ff_precision prec,
-                                            const ff_device *dev, double heads, double b,
-                                            double io_fwd, double io_bwd) {
-  double s = (double)m->seq_len, hd = (double)(m->hidden / m->heads);
-  double elem = prec == FF_PRECISION_BF16 ? 2.0 : 4.0;
-  double cells = b * heads * s * s;
-  double pass = ff_time_memory(dev, elem * cells), mask = ff_time_memory(dev, cells);
-  double eff = gemm_efficiency(dev, prec, heads * s, s, hd);
-  double gemm = larger(2.0 * cells * hd / (ff_peak_flops(dev, prec) * eff), pass);
-  double unfused = prec == FF_PRECISION_BF16 ? 0.0 : 2.0; /* masked_fill, and its backward */
-  ff_attention_time t;
-  t.fwd = 2.0 * gemm + (4.0 + unfused) * pass + mask + ff_time_memory(dev, io_fwd);
-  t.bwd = 4.0 * gemm + (5.0 + unfused) * pass + mask + ff_time_memory(dev, io_bwd);
-  return t;
-}
-
 /* Flash-style kernels (tensor, fused) keep the scores on chip: query t sees keys 0..t, so they
  * do s(s+1)/2 of the s² products per head. Forward: Q·Kᵀ and P·V; backward: Q·Kᵀ again, dV, dP,
  * dQ and dK. Each is at least its FLOPs at the flash efficiency and at least its operands'
@@ -443,8 +417,16 @@ static ff_attention_time megatron_attention(const ff_model *m, ff_precision prec
  * chunk against the keys up to its end: forward a GEMM writes them, a row kernel turns them into
  * probabilities (read, write), a GEMM reads them; backward the same first three, then four GEMMs
  * (dV, dP, dQ, dK) each reading or writing one score matrix and a row kernel forming dS (reads
- * P and dP, writes dS). A GEMM takes the longer of its FLOPs at the GEMM efficiency of one
- * chunk's strided batch (heads·R × s × head dimension) and its pass over the scores. */
+ * P and dP, writes dS). Megatron-LM's core attention without flash attention (`megatron`:
+ * megatron/model/transformer.py CoreAttention, megatron/model/fused_softmax.py) writes the whole
+ * s×s score matrix of every head (the causal mask is applied, not skipped) in the training
+ * precision: forward a GEMM, the softmax (under 16-bit math one fused scale-mask-softmax kernel,
+ * read and write; under fp32 PyTorch's masked_fill, read and write, then its softmax, read and
+ * write), attention dropout at Megatron's default 0.1 (reads, writes, and writes a one-byte
+ * mask), a GEMM; backward two GEMMs (dP, dV), dropout's backward (reads dP and the mask, writes),
+ * the softmax backward (reads P and dP, writes dS; under fp32 the mask's backward then reads and
+ * writes it), two GEMMs (dQ, dK). A GEMM takes the longer of its FLOPs at the GEMM efficiency
+ * of one strided batch (heads·rows × s × head dimension) and its pass over the scores. */
 ff_attention_time ff_cost_attention_time(const ff_model *m, ff_precision prec, ff_attention a,
                                          const ff_device *dev, double heads, double kv_heads,
                                          double b) {
@@ -456,9 +438,7 @@ ff_attention_time ff_cost_attention_time(const ff_model *m, ff_precision prec, f
   double io_fwd = b * s * hd * elem * (2.0 * heads + 2.0 * kv_heads);
   double io_bwd = b * s * hd * elem * (4.0 * heads + 4.0 * kv_heads);
   a = ff_cost_attention_kernel(a, prec);
-  if (a == FF_ATTENTION_MEGATRON)
-    return megatron_attention(m, prec, dev, heads, b, io_fwd, io_bwd);
-  if (a != FF_ATTENTION_GEMM) {
+  if (a == FF_ATTENTION_TENSOR || a == FF_ATTENTION_FUSED) {
     double peak = ff_peak_flops(dev, a == FF_ATTENTION_TENSOR ? FF_PRECISION_BF16
                                                               : FF_PRECISION_FP32);
     double pairs = b * heads * s * (s + 1.0) / 2.0;
@@ -468,20 +448,35 @@ ff_attention_time ff_cost_attention_time(const ff_model *m, ff_precision prec, f
                    ff_time_memory(dev, io_bwd));
     return t;
   }
-  double r = floor(FF_COST_GEMM_ATTENTION_SCORES / (heads * s));
-  if (r >= s)
-    r = s;
-  else
-    r = r < 64.0 ? 64.0 : floor(r / 64.0) * 64.0;
-  double c = ceil(s / r); /* chunks; all but the last have r rows and see (i + 1)·r keys */
-  double cells = r * r * (c - 1.0) * c / 2.0 + (s - (c - 1.0) * r) * s;
-  double scores = 4.0 * b * heads * cells; /* bytes of every chunk's scores, fp32 */
-  double flops = 2.0 * b * heads * cells * hd;
-  double pass = ff_time_memory(dev, scores);
-  double eff = gemm_efficiency(dev, prec, heads * r, s, hd);
-  double gemm = larger(flops / (ff_peak_flops(dev, prec) * eff), pass);
-  t.fwd = 2.0 * gemm + 2.0 * pass + ff_time_memory(dev, io_fwd);
-  t.bwd = 5.0 * gemm + 5.0 * pass + ff_time_memory(dev, io_bwd);
+  /* The kernels that materialise the scores: how many score cells per head and sequence, in
+   * what element size, in GEMMs of how many query rows, and their passes. */
+  double cells, score_elem, rows, mask = 0.0;
+  double gemms_fwd, gemms_bwd, passes_fwd, passes_bwd;
+  if (a == FF_ATTENTION_MEGATRON) {
+    cells = s * s;
+    score_elem = elem;
+    rows = s;
+    gemms_fwd = 2.0, gemms_bwd = 4.0;
+    double unfused = prec == FF_PRECISION_BF16 ? 0.0 : 2.0; /* masked_fill, and its backward */
+    passes_fwd = 4.0 + unfused, passes_bwd = 5.0 + unfused;
+    mask = ff_time_memory(dev, b * heads * cells); /* dropout's one-byte mask, each way */
+  } else {
+    rows = floor(FF_COST_GEMM_ATTENTION_SCORES / (heads * s));
+    if (rows >= s)
+      rows = s;
+    else
+      rows = rows < 64.0 ? 64.0 : floor(rows / 64.0) * 64.0;
+    double c = ceil(s / rows); /* chunks: all but the last of `rows` rows */
+    cells = rows * rows * (c - 1.0) * c / 2.0 + (s - (c - 1.0) * rows) * s;
+    score_elem = 4.0;
+    gemms_fwd = 2.0, gemms_bwd = 5.0;
+    passes_fwd = 2.0, passes_bwd = 5.0;
+  }
+  double pass = ff_time_memory(dev, score_elem * b * heads * cells);
+  double eff = gemm_efficiency(dev, prec, heads * rows, s, hd);
+  double gemm = larger(2.0 * b * heads * cells * hd / (ff_peak_flops(dev, prec) * eff), pass);
+  t.fwd = gemms_fwd * gemm + passes_fwd * pass + mask + ff_time_memory(dev, io_fwd);
+  t.bwd = gemms_bwd * gemm + passes_bwd * pass + mask + ff_time_memory(dev, io_bwd);
   return t;
 }
 

@@ -399,8 +399,8 @@ static const ff_layer_measure *measured_layer(const ff_device *dev, const ff_mod
 }
 
 ff_attention ff_cost_attention_kernel(ff_attention a, ff_precision prec) {
-  if (a == FF_ATTENTION_AUTO)
-    return prec == FF_PRECISION_BF16 ? FF_ATTENTION_TENSOR : FF_ATTENTION_FUSED;
+  if (a == FF_ATTENTION_AUTO) /* what the CUDA backend runs by default (executor.md) */
+    return prec == FF_PRECISION_BF16 ? FF_ATTENTION_GEMM : FF_ATTENTION_FUSED;
   if (a == FF_ATTENTION_TENSOR && prec != FF_PRECISION_BF16)
     return FF_ATTENTION_FUSED;
   return a;

@@ -26,7 +26,8 @@
 #include "model.h"
 #include "train.h"
 
-#define N_GEMM 8
+#define N_SHAPES 5 /* the model's four, or four defaults, and the peak's */
+#define N_GEMM (2 * N_SHAPES)
 #define N_LAYER 2
 
 typedef struct measure {
@@ -94,15 +95,19 @@ static void read_identity(measure *m) {
   })
 
 static void measure_compute(measure *m, const ff_kernels *k, const ff_model *model) {
-  int64_t shapes[N_GEMM][3] = {{2048, 512, 512}, {2048, 2048, 512}, {8192, 512, 512},
-                               {512, 512, 512}};
-  int n = 4;
+  int64_t shapes[N_SHAPES][3] = {{2048, 512, 512}, {2048, 2048, 512}, {8192, 512, 512},
+                                 {512, 512, 512}};
+  int n = N_SHAPES;
   if (model) { /* the layer's GEMMs for a micro-batch of one sequence */
     int64_t s = model->seq_len, h = model->hidden, D = model->hidden / model->heads;
     int64_t qkv = (model->heads + 2 * model->kv_heads) * D, f = model->ffn_hidden;
     int64_t own[4][3] = {{s, qkv, h}, {s, h, model->heads * D}, {s, 2 * f, h}, {s, h, f}};
     memcpy(shapes, own, sizeof own);
   }
+  /* and one GEMM large enough to run at the device's peak, whatever the model: a small model's
+   * own GEMMs measure launch latency, not the peak the profile's peak_tflops stands for */
+  int64_t big = m->gpu[0] ? 8192 : 1024;
+  shapes[N_SHAPES - 1][0] = shapes[N_SHAPES - 1][1] = shapes[N_SHAPES - 1][2] = big;
   size_t most = 0;
   for (int i = 0; i < n; i++) {
     size_t need = (size_t)(shapes[i][0] * shapes[i][2] + shapes[i][1] * shapes[i][2] + shapes[i][0] * shapes[i][1]);

@@ -208,8 +208,8 @@ const ff_kernels *ff_kernels_cuda(int device, ff_kernel_math math, void (*on_fat
 /* Which attention the CUDA backend runs from now on (docs/executor.md): the tensor-core kernel
  * (under bf16 math and the head dimensions it supports; the fused one otherwise), the fused fp32
  * kernel, or cuBLAS GEMMs around materialised scores. AUTO leaves the choice to the FF_ATTENTION
- * environment variable (tensor, fused, gemm), else the tensor-core kernel. A build without CUDA
- * has no backend to set. */
+ * environment variable (tensor, fused, gemm), else cuBLAS under bf16 math and the fused kernel
+ * under fp32 math. A build without CUDA has no backend to set. */
 typedef enum ff_kernel_attention {
   FF_KERNEL_ATTENTION_AUTO,
   FF_KERNEL_ATTENTION_TENSOR,

@@ -4,9 +4,9 @@
  * the bf16 matmuls (bf16 tensor cores, fp32 accumulation), which bf16 plans run; with
  * FF_MATH_BF16 the fp32 matmuls run on bf16 tensor cores too (CUBLAS_COMPUTE_32F_FAST_16BF).
  * The kernels of the operations other than matmuls and attention are in ff_ops_kernels.cuh.
- * Attention runs under bf16 math in ff_attention_tc_cuda.cu (fused, bf16 tensor cores), under
- * fp32 math or with FF_ATTENTION=fused in ff_attention_cuda.cu (fused, fp32), or with
- * FF_ATTENTION=gemm in ff_attention_gemm_cuda.cu (cuBLAS, tensor cores in bf16). The backend is
+ * Attention runs under bf16 math in ff_attention_gemm_cuda.cu (cuBLAS, tensor cores in bf16), or
+ * with FF_ATTENTION=tensor in ff_attention_tc_cuda.cu (fused, bf16 tensor cores), under fp32
+ * math or with FF_ATTENTION=fused in ff_attention_cuda.cu (fused, fp32). The backend is
  * one per process: the table interface carries no context, so the stream, the cuBLASLt handle
  * and the allocation ledger sit in one static struct set up by ff_kernels_cuda(). */
 #include <cublasLt.h>
@@ -23,8 +23,10 @@
 
 /* Which attention runs (FF_ATTENTION): the fused fp32 kernel, cuBLAS, or the tensor-core kernel
  * (bf16 math and head dimensions it supports only; the fused kernel otherwise). The default is
- * the tensor-core kernel, so bf16 math gets it and fp32 math the fused one. */
-typedef enum { ATTENTION_FUSED, ATTENTION_GEMM, ATTENTION_TENSOR } attention_kind;
+ * cuBLAS under bf16 math and the fused kernel under fp32 math: on an H200 (tests/device/run.sh,
+ * docs/benchmarks.md) the ~1B Llama's attention took 0.16 s per step through cuBLAS against
+ * 1.16 s in the tensor-core kernel and 2.58 s in the fused one. */
+typedef enum { ATTENTION_DEFAULT, ATTENTION_FUSED, ATTENTION_GEMM, ATTENTION_TENSOR } attention_kind;
 
 enum {
   GEMM_CACHE = 128,             /* distinct matmul shapes remembered with their algorithm */
@@ -367,8 +369,14 @@ static void matmul_bwd_bf16_acc(float *dinp, float *dw, const uint16_t *dout, co
   matmul_backward(dinp, dw, dout, inp, w, N, In, Out, true, true);
 }
 
+/* The attention that runs under the current math. */
+static attention_kind attention_now(void) {
+  if (g.attention != ATTENTION_DEFAULT) return g.attention;
+  return g.math == FF_MATH_BF16 ? ATTENTION_GEMM : ATTENTION_FUSED;
+}
+
 static bool tensor_attention(int D, int Hq) {
-  return g.attention == ATTENTION_TENSOR && g.math == FF_MATH_BF16 && Hq > 0 &&
+  return attention_now() == ATTENTION_TENSOR && g.math == FF_MATH_BF16 && Hq > 0 &&
          ff_cuda_attention_tc_supports(D);
 }
 
@@ -377,7 +385,7 @@ static void attention_fwd(float *out, float *lse, const float *q, const float *k
                           int group) {
   if (Hq > 0) ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
   int t = op_begin(OP_ATTENTION);
-  if (g.attention == ATTENTION_GEMM)
+  if (attention_now() == ATTENTION_GEMM)
     ff_cuda_attention_gemm_fwd(g.blas, gemm_compute(false), out, lse, q, k, v, B, S, Hq, Hkv, D,
                                q_first, kv_first, group);
   else if (tensor_attention(D, Hq))
@@ -392,7 +400,7 @@ static void attention_bwd(float *dq, float *dk, float *dv, const float *dout, co
                           int S, int Hq, int Hkv, int D, int q_first, int kv_first, int group) {
   if (Hq > 0) ff_cuda_attention_check_gqa(Hq, Hkv, q_first, kv_first, group);
   int t = op_begin(OP_ATTENTION);
-  if (g.attention == ATTENTION_GEMM)
+  if (attention_now() == ATTENTION_GEMM)
     ff_cuda_attention_gemm_bwd(g.blas, gemm_compute(false), dq, dk, dv, dout, out, lse, q, k, v,
                                B, S, Hq, Hkv, D, q_first, kv_first, group);
   else if (tensor_attention(D, Hq))
@@ -674,9 +682,10 @@ static attention_kind chosen_attention(void) {
       strcmp(attention, "fused"))
     fprintf(stderr, "ffrun: FF_ATTENTION=%s is none of tensor, fused, gemm; using the default\n",
             attention);
-  return attention && strcmp(attention, "gemm") == 0    ? ATTENTION_GEMM
-         : attention && strcmp(attention, "fused") == 0 ? ATTENTION_FUSED
-                                                        : ATTENTION_TENSOR;
+  return attention && strcmp(attention, "gemm") == 0     ? ATTENTION_GEMM
+         : attention && strcmp(attention, "fused") == 0  ? ATTENTION_FUSED
+         : attention && strcmp(attention, "tensor") == 0 ? ATTENTION_TENSOR
+                                                         : ATTENTION_DEFAULT;
 }
 
 extern "C" void ff_kernels_cuda_attention(ff_kernel_attention a) {

@@ -12,6 +12,7 @@ PACKAGES=(
   libopenmpi3 libopenmpi-dev openmpi-bin openmpi-common libhwloc15 libevent-core-2.1-7
   libevent-pthreads-2.1-7 libevent-2.1-7 libpmix2 libfabric1 libucx0 libibverbs1 librdmacm1
   libpsm2-2 libpsm-infinipath1 libnl-3-200 libnl-route-3-200 libnuma1 libmunge2   # Open MPI
+  libmetis5 libmetis-dev                                           # METIS
   libcmocka0 libcmocka-dev                                         # unit tests build
   pkgconf pkgconf-bin libpkgconf3                                  # pkg-config for meson
 )

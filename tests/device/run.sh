@@ -6,8 +6,8 @@
 # It builds with CUDA into build-device/, then
 #   1. every kernel against the CPU backend on fresh random inputs (check_kernels fp32, bf16),
 #      with the fused fp32 attention kernel (FF_ATTENTION=fused), again with FF_ATTENTION=gemm
-#      (cuBLAS attention), and in bf16 with FF_ATTENTION=tensor (the tensor-core kernel, the
-#      default under bf16 math; fp32 math uses the fused one);
+#      (cuBLAS attention, the default under bf16 math), and in bf16 with FF_ATTENTION=tensor
+#      (the tensor-core kernel; fp32 math uses the fused one);
 #   2. 20 training steps of the tiny model on the GPU against the CPU backend, fp32 and bf16,
 #      with the default attention and each other one;
 #   3. a 4-rank plan (DP + PP + uneven TP with a shared kv head) on the one GPU under mpirun
@@ -17,10 +17,13 @@
 #      against the 50 % target), the step split into matmul, attention and the rest; fails when a
 #      loss is not finite or the backend's memory is more than 5 % off the prediction less the
 #      runtime reserve;
-#   5. `ffrun profile` on the GPU, a plan on that profile, one run of it, `ffplan calibrate`;
-#      fails unless the calibrated profile predicts that run's iteration within 15 %;
+#   5. `ffrun profile --model` the ~1B Llama on the GPU (GEMMs of its shapes and the peak, its
+#      layer's forward and backward), a plan on that profile, one run of it, `ffplan
+#      calibrate`; fails unless the calibrated profile predicts that run's iteration within 15 %;
 # and prints a summary table last (also written to $OUT/summary.md when OUT is set).
 # Exit status: the number of failed parts (0 = all passed).
+# FF_DEVICE_PARTS="2 4 5" runs only the parts named (the build always; default all);
+# FF_DEVICE_ATTENTIONS="gemm" only those attentions in part 4 (default: gemm tensor fused).
 #
 # FF_DEVICE_REHEARSAL=BUILD_DIR rehearses the script where no GPU answers (the test
 # `device-script` does, in CI): the binaries of that existing build, the CPU backend standing in
@@ -34,6 +37,8 @@ bdir=${rehearsal:-build-device}
 backend=cuda bench_model=tests/device/llama-1b.json
 [ -n "$rehearsal" ] && backend=cpu bench_model=profiles/models/tiny.json
 out=${OUT:-$bdir/out}
+parts=" ${FF_DEVICE_PARTS:-1 2 3 4 5} "
+part() { [[ $parts == *" $1 "* ]]; }
 mkdir -p "$out"
 rows=()
 failed=0
@@ -60,12 +65,34 @@ if [ -d .device-debs ] && ! pkg-config --exists libcjson 2>/dev/null; then
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
+# ---- NCCL: where the toolkit has none, the one a Python wheel (nvidia-nccl-cu13) ships ---------
+# The wheel holds include/nccl.h and lib/libnccl.so.2 but no libnccl.so to link against, so a
+# private folder gets both names; the compilers and the loader find it through the usual paths.
+if [ -z "$rehearsal" ] && command -v nvcc >/dev/null &&
+   ! [ -e "$(dirname "$(dirname "$(command -v nvcc)")")/include/nccl.h" ] &&
+   ! [ -e /usr/include/nccl.h ]; then
+  wheel=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+  if [ -n "$wheel" ] && [ -e "$wheel/include/nccl.h" ]; then
+    N=/tmp/ffnccl
+    mkdir -p $N/lib $N/include
+    ln -sf "$wheel/include/"*.h $N/include/
+    so=$(ls "$wheel"/lib/libnccl.so* | head -1)
+    ln -sf "$so" $N/lib/libnccl.so
+    ln -sf "$so" $N/lib/libnccl.so.2
+    export CPATH=$N/include${CPATH:+:$CPATH}
+    export LIBRARY_PATH=$N/lib${LIBRARY_PATH:+:$LIBRARY_PATH}
+    export LD_LIBRARY_PATH=$N/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    say "NCCL from the Python wheel at $wheel"
+  fi
+fi
+
 say "configure and build (CUDA enabled)"
 if [ -n "$rehearsal" ]; then
   [ -x "$bdir/executor/ffrun" ] || { echo "run.sh: no build in $bdir" >&2; exit 2; }
   row build skipped "rehearsal: the binaries of $bdir, the CPU backend for CUDA"
-elif ! { [ -d build-device/meson-info ] || meson setup build-device -Dcuda=enabled \
-           -Dbuildtype=release >"$out/build.log" 2>&1; } ||
+elif ! { [ -f build-device/build.ninja ] || meson setup --wipe build-device -Dcuda=enabled \
+           -Dbuildtype=release >"$out/build.log" 2>&1 ||
+           meson setup build-device -Dcuda=enabled -Dbuildtype=release >"$out/build.log" 2>&1; } ||
      ! ninja -C build-device >>"$out/build.log" 2>&1; then
   tail -30 "$out/build.log"
   row build FAIL "see build.log"
@@ -82,7 +109,7 @@ fi
 
 # ---- 1. kernels --------------------------------------------------------------------------------
 # (each attention by name; FF_ATTENTION=tensor only in bf16: under fp32 math it is the fused one)
-for attention in fused gemm tensor; do
+part 1 && for attention in fused gemm tensor; do
   for math in fp32 bf16; do
     [ $attention = tensor ] && [ $math = fp32 ] && continue
     mode=$math
@@ -125,10 +152,10 @@ PY
 }
 
 # ---- 2. training curves ------------------------------------------------------------------------
-say "20 steps, CPU against GPU"
-$ffplan plan --cluster tests/device/h200-1.json --model profiles/models/tiny.json \
+part 2 && say "20 steps, CPU against GPU"
+part 2 && $ffplan plan --cluster tests/device/h200-1.json --model profiles/models/tiny.json \
   --training tests/device/tiny-bf16-training.json -o "$out/tiny-bf16.json" >/dev/null 2>&1
-for prec in fp32 bf16; do
+part 2 && for prec in fp32 bf16; do
   plan=tests/plans/one-rank.json tol=1e-4
   [ $prec = bf16 ] && plan=$out/tiny-bf16.json tol=2e-2
   run20=("$ffrun" "$plan" --text LICENSE --steps 20 --quiet)
@@ -136,8 +163,10 @@ for prec in fp32 bf16; do
     "${run20[@]}" --backend $backend --metrics "$out/gpu-$prec.jsonl" 2>"$out/gpu-$prec.err"
   detail=$(losses "$out/cpu-$prec.jsonl" "$out/gpu-$prec.jsonl" $tol) && r=pass || r=FAIL
   row "2. 20 steps GPU vs CPU ($prec, default attention)" $r "$detail"
-  for attention in fused gemm; do
+  for attention in fused gemm tensor; do
     [ $attention = fused ] && [ $prec = fp32 ] && continue # the default there
+    [ $attention = tensor ] && [ $prec = fp32 ] && continue # fused under fp32 math
+    [ $attention = gemm ] && [ $prec = bf16 ] && continue   # the default there
     m=$out/gpu-$prec-$attention
     FF_ATTENTION=$attention "${run20[@]}" --backend $backend --metrics "$m.jsonl" 2>"$m.err"
     detail=$(losses "$out/cpu-$prec.jsonl" "$m.jsonl" $tol) && r=pass || r=FAIL
@@ -146,6 +175,7 @@ for prec in fp32 bf16; do
 done
 
 # ---- 3. a 4-rank plan on the one GPU -----------------------------------------------------------
+if part 3; then
 say "4 ranks on one GPU under mpirun"
 $ffrun tests/plans/one-rank.json --text LICENSE --steps 5 --quiet --backend $backend \
   --metrics "$out/one-gpu.jsonl" 2>"$out/one-gpu.err"
@@ -163,12 +193,13 @@ else
   detail=$(losses "$out/one-gpu.jsonl" "$out/nccl-1.jsonl" 1e-6) && r=pass || r=FAIL
   row "3b. --comm nccl, 1 rank (bootstrap, splits, watchdog)" $r "$detail"
 fi
+fi
 
 # ---- 4. the ~1B Llama on one GPU ---------------------------------------------------------------
-say "llama-1b throughput"
-$ffplan plan --cluster tests/device/h200-1.json --model "$bench_model" \
+part 4 && say "llama-1b throughput"
+part 4 && $ffplan plan --cluster tests/device/h200-1.json --model "$bench_model" \
   --training tests/device/bench-training.json -o "$out/llama-1b.json" >"$out/llama-1b-plan.txt" 2>&1
-for attention in fused gemm tensor; do
+part 4 && for attention in ${FF_DEVICE_ATTENTIONS:-gemm tensor fused}; do
   m=$out/llama-1b-$attention
   timeout 300 env FF_ATTENTION=$attention $ffrun "$out/llama-1b.json" --text LICENSE --steps 6 \
     --backend $backend --metrics "$m.jsonl" >"$m.log" 2>&1
@@ -215,14 +246,19 @@ PY
 done
 
 # ---- 5. profile the GPU, plan on the profile, calibrate on a run -------------------------------
+# (the benchmark model: a tiny one's step is kernel launches, which no profile entry describes)
+if part 5; then
 say "ffrun profile on the GPU, then calibrate"
 log=$out/profile.log
-$ffrun profile -o "$out/gpu-profile.json" --model profiles/models/tiny.json >"$log" 2>&1 &&
+bench_training=tests/device/bench-training.json profile_steps=6
+[ -n "$rehearsal" ] && bench_training=tests/device/tiny-bf16-training.json profile_steps=12
+$ffrun profile -o "$out/gpu-profile.json" --model "$bench_model" >"$log" 2>&1 &&
   $ffplan validate "$out/gpu-profile.json" >>"$log" 2>&1 &&
-  $ffplan plan --cluster "$out/gpu-profile.json" --model profiles/models/tiny.json \
-    --training tests/device/tiny-bf16-training.json -o "$out/profiled-plan.json" >>"$log" 2>&1 &&
-  timeout 120 mpirun -np 1 $ffrun "$out/profiled-plan.json" --text LICENSE --steps 12 --quiet \
-    --backend $backend --metrics "$out/profiled-run.jsonl" >>"$log" 2>&1 &&
+  $ffplan plan --cluster "$out/gpu-profile.json" --model "$bench_model" \
+    --training $bench_training -o "$out/profiled-plan.json" >>"$log" 2>&1 &&
+  timeout 300 mpirun -np 1 $ffrun "$out/profiled-plan.json" --text LICENSE \
+    --steps $profile_steps --quiet --backend $backend --metrics "$out/profiled-run.jsonl" \
+    >>"$log" 2>&1 &&
   $ffplan calibrate --plan "$out/profiled-plan.json" --metrics "$out/profiled-run.jsonl" \
     --cluster "$out/gpu-profile.json" -o "$out/gpu-calibrated.json" >"$out/calibrate.txt" 2>&1
 if [ -s "$out/calibrate.txt" ] && grep -q '^iteration' "$out/calibrate.txt"; then
@@ -239,6 +275,7 @@ PY
   row "5. profile + calibrate (GPU)" $r "$peaks; iteration error before/after: $errors (after: 15 % at most)"
 else
   row "5. profile + calibrate (GPU)" FAIL "see profile.log and calibrate.txt"
+fi
 fi
 
 # ---- summary -----------------------------------------------------------------------------------

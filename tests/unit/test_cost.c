@@ -499,7 +499,7 @@ static ff_device attention_device(void) {
 static void attention_is_timed_as_its_kernel_runs_it(void **state) {
   (void)state;
   assert_int_equal(ff_cost_attention_kernel(FF_ATTENTION_AUTO, FF_PRECISION_BF16),
-                   FF_ATTENTION_TENSOR);
+                   FF_ATTENTION_GEMM);
   assert_int_equal(ff_cost_attention_kernel(FF_ATTENTION_AUTO, FF_PRECISION_FP32),
                    FF_ATTENTION_FUSED);
   assert_int_equal(ff_cost_attention_kernel(FF_ATTENTION_TENSOR, FF_PRECISION_FP32),
@@ -511,7 +511,7 @@ static void attention_is_timed_as_its_kernel_runs_it(void **state) {
   double s = 2048, hd = 64, a = 16, b = 2, bw = 1000e9 * FF_COST_MEMORY_EFFICIENCY;
   double pairs = b * a * s * (s + 1) / 2;
   ff_attention_time t =
-      ff_cost_attention_time(&m, FF_PRECISION_BF16, FF_ATTENTION_AUTO, &dev, a, a, b);
+      ff_cost_attention_time(&m, FF_PRECISION_BF16, FF_ATTENTION_TENSOR, &dev, a, a, b);
   assert_true(near(t.fwd, 4 * pairs * hd / (200e12 * FF_COST_FLASH_EFFICIENCY_FWD)));
   assert_true(near(t.bwd, 10 * pairs * hd / (200e12 * FF_COST_FLASH_EFFICIENCY_BWD)));
   /* fused runs in fp32 on CUDA cores whatever the plan's precision */

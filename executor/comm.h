@@ -1,7 +1,7 @@
 /* comm.h — the communication backends' one interface, a table of functions like the kernels':
  * collectives over groups, point-to-point transfers inside the world group, and splitting groups.
  * comm_mpi.c works on host buffers; comm_nccl.c runs collectives on device buffers through NCCL
- * and everything else through MPI. Every rank issues its collectives in the same global order: the callers
+ * and everything else through MPI; comm_self.c is the one rank of a job started without mpirun. Every rank issues its collectives in the same global order: the callers
  * walk lists that every rank computes identically from the plan. */
 #ifndef FF_EXEC_COMM_H
 #define FF_EXEC_COMM_H
@@ -74,6 +74,12 @@ typedef struct ff_comm_backend {
 } ff_comm_backend;
 
 const ff_comm_backend *ff_comm_mpi(void);
+/* A job of one process started without mpirun: every group is the rank alone (no MPI). */
+const ff_comm_backend *ff_comm_self(void);
+/* inner, with every collective and device transfer batch recorded; at finalize the records of
+ * every two ranks are compared on the groups they share, and a difference in order ends every
+ * rank with status 1 (comm_check.c; ffrun turns it on with FF_CHECK_COMM_ORDER=1). */
+const ff_comm_backend *ff_comm_checked(const ff_comm_backend *inner);
 /* The MPI backend declaring device_buffers: with the CPU backend's staged memory (which is host
  * memory all the same) it takes the executor's device-collective paths where no GPU is. A test
  * hook (FF_TEST_DEVICE_COMM=1). */

@@ -482,7 +482,7 @@ static int train(cli *c, const ff_plan *plan, backend got, int *argc, char ***ar
       return FF_ERR_INPUT;
     }
     const ff_kernels *k = compute_backend(c, plan, got, 0);
-    return k ? ff_train_one_rank(plan, k, &c->train) : FF_ERR_RUNTIME;
+    return k ? ff_train(plan, k, ff_comm_self(), &c->train) : FF_ERR_RUNTIME;
   }
   int threads = 0; /* the NCCL watchdog is a second thread; only the main one calls MPI */
   MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &threads);
@@ -496,7 +496,10 @@ static int train(cli *c, const ff_plan *plan, backend got, int *argc, char ***ar
   const ff_comm_backend *comm = communication(c, k, rank);
   if (!comm)
     MPI_Abort(MPI_COMM_WORLD, FF_ERR_RUNTIME);
-  int rc = ff_train_distributed(plan, k, comm, &c->train);
+  const char *check = getenv("FF_CHECK_COMM_ORDER"); /* debug: compare every rank's order */
+  if (check && strcmp(check, "1") == 0)
+    comm = ff_comm_checked(comm);
+  int rc = ff_train(plan, k, comm, &c->train);
   if (rc != FF_OK && rc < 128) /* a failure; a signal stop (128 + signal) ends every rank alike */
     MPI_Abort(MPI_COMM_WORLD, rc);
   comm->finalize();

@@ -1,6 +1,6 @@
-/* train.h — the training loop of a one-rank plan: micro-batches of the plan's pipeline, loss
- * normalised by the tokens of the global batch, gradient accumulation, global gradient-norm
- * clipping, AdamW with warm-up and decay, metrics and checkpoints. */
+/* train.h — what the training loop (dist.c, for one rank and many) is told and the pieces of a
+ * step it shares with tests: the options, emulated slowdown, the non-finite gradient check, the
+ * learning-rate schedule. */
 #ifndef FF_EXEC_TRAIN_H
 #define FF_EXEC_TRAIN_H
 
@@ -47,7 +47,5 @@ const char *ff_nonfinite_gradient(const ff_kernels *k, float *grads, const void 
 
 /* Learning rate at step t (1-based) from the training settings. */
 double ff_learning_rate(const ff_training *t, int64_t step, int64_t total_steps);
-
-ff_status ff_train_one_rank(const ff_plan *plan, const ff_kernels *k, const ff_train_opts *o);
 
 #endif

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "ff_cost.h"
+#include "ff_metrics.h"
 #include "ffplan_cmds.h"
 
 /* Time terms (seconds per step), then the rank's memory (GiB; the peak over the steps, and only
@@ -51,107 +52,70 @@ static double column_median(const double *values, int rows, int width, int col, 
 }
 
 /* Per stage and term, and for the step, the median over the steps after the first: one slow
- * step (a page fault, a neighbour on the machine) must not move the fitted factors. */
+ * step (a page fault, a neighbour on the machine) must not move the fitted factors. The metrics
+ * are read strictly (ff_metrics.h); each line must describe every stage of this plan. */
 static ff_status read_metrics(const char *file, const ff_plan *plan, measured *m) {
   ff_diag d;
   ff_diag_init(&d, file);
-  char *text;
-  size_t len;
-  ff_status st = ff_read_file_any(file, &d, &text, &len);
+  ff_metrics mx;
+  ff_status st = ff_metrics_read(file, &d, &mx);
   ff_diag_print(&d, stderr);
   ff_diag_free(&d);
   if (st != FF_OK)
     return st;
-  int n = stage_count(plan), width = n * TERM_COUNT + 1, cap = 0;
-  double *rows = NULL;
-  m->stage = calloc((size_t)n * TERM_COUNT, sizeof *m->stage);
+  int n = stage_count(plan), width = n * TERM_COUNT + 1;
+  for (int i = 0; i < mx.n_steps; i++)
+    if (mx.steps[i].n_stages != n) {
+      fprintf(stderr, "%s:%d: stages: %d entries, but the plan has %d stages (expected a "
+              "metrics line of a run of this plan)\n", file, i + 1, mx.steps[i].n_stages, n);
+      ff_metrics_free(&mx);
+      return FF_ERR_INPUT;
+    }
+  m->steps = mx.n_steps - 1; /* the first step warms up caches and the allocator */
   m->have_memory = true;
-  m->steps = 0;
   m->iteration = 0;
-  int line_no = 0;
-  for (char *line = strtok(text, "\n"); line && m->stage; line = strtok(NULL, "\n")) {
-    cJSON *o = cJSON_Parse(line);
-    const cJSON *stages = o ? cJSON_GetObjectItem(o, "stages") : NULL;
-    line_no++;
-    if (!o || !cJSON_IsArray(stages) || cJSON_GetArraySize(stages) != n) {
-      fprintf(stderr, "%s: line %d: expected a metrics line of a distributed run of this plan "
-              "(with %d stages)\n", file, line_no, n);
-      cJSON_Delete(o);
-      free(text);
-      free(rows);
-      return FF_ERR_INPUT;
-    }
-    const cJSON *step = cJSON_GetObjectItem(o, "step_seconds");
-    const char *bad = !cJSON_IsNumber(step) || !(step->valuedouble >= 0) ||
-                              !isfinite(step->valuedouble)
-                          ? "step_seconds"
-                          : NULL;
-    int bad_stage = -1, i = 0;
-    for (const cJSON *s = stages->child; s && !bad; s = s->next, i++)
-      for (int t = 0; t < TERM_COUNT && !bad; t++) {
-        const cJSON *v = cJSON_GetObjectItem(s, term_keys[t]);
-        if (v && (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || !isfinite(v->valuedouble)))
-          bad = term_keys[t], bad_stage = i; /* absent: not measured, counted as 0 */
-      }
-    if (bad) {
-      if (bad_stage >= 0)
-        fprintf(stderr, "%s: line %d: stages[%d].%s: expected a number >= 0\n", file, line_no,
-                bad_stage, bad);
-      else
-        fprintf(stderr, "%s: line %d: step_seconds: expected a number >= 0\n", file, line_no);
-      cJSON_Delete(o);
-      free(text);
-      free(rows);
-      return FF_ERR_INPUT;
-    }
-    if (line_no > 1) { /* the first step warms up caches and the allocator */
-      if (m->steps == cap) {
-        cap = cap ? 2 * cap : 64;
-        double *grown = realloc(rows, (size_t)cap * width * sizeof *rows);
-        if (!grown) {
-          cJSON_Delete(o);
-          break;
-        }
-        rows = grown;
-      }
-      double *row = rows + (size_t)m->steps * width;
-      i = 0;
-      for (const cJSON *s = stages->child; s; s = s->next, i++)
-        for (int t = 0; t < TERM_COUNT; t++) {
-          const cJSON *v = cJSON_GetObjectItem(s, term_keys[t]);
-          row[i * TERM_COUNT + t] = cJSON_IsNumber(v) ? v->valuedouble : 0;
-          if (t == TERM_MEMORY) { /* on a GPU, what the device holds, context included */
-            const cJSON *dev = cJSON_GetObjectItem(s, "device_used_gib");
-            if (cJSON_IsNumber(dev) && dev->valuedouble > 0)
-              row[i * TERM_COUNT + t] = dev->valuedouble;
-            m->have_memory &= cJSON_IsNumber(v);
-          }
-        }
-      row[width - 1] = step->valuedouble;
-      m->steps++;
-    }
-    cJSON_Delete(o);
+  m->stage = calloc((size_t)n * TERM_COUNT, sizeof *m->stage);
+  double *rows = malloc((size_t)(m->steps > 0 ? m->steps : 1) * width * sizeof *rows);
+  double *scratch = malloc((size_t)(m->steps > 0 ? m->steps : 1) * sizeof *scratch);
+  if (!m->stage || !rows || !scratch) {
+    free(rows), free(scratch);
+    ff_metrics_free(&mx);
+    return FF_ERR_RUNTIME;
   }
-  free(text);
   if (m->steps == 0) {
     fprintf(stderr, "%s: needs at least two steps (the first is left out)\n", file);
-    free(rows);
+    free(rows), free(scratch);
+    ff_metrics_free(&mx);
     return FF_ERR_INPUT;
   }
-  double *scratch = malloc((size_t)m->steps * sizeof *scratch);
-  if (!scratch) {
-    free(rows);
-    return FF_ERR_RUNTIME;
+  for (int r = 0; r < m->steps; r++) {
+    const ff_metrics_step *line = &mx.steps[r + 1];
+    double *row = rows + (size_t)r * width;
+    for (int i = 0; i < n; i++) {
+      const ff_metrics_stage *sg = &line->stages[i];
+      double *t = row + i * TERM_COUNT;
+      t[TERM_COMPUTE] = sg->compute_seconds;
+      t[TERM_TP] = sg->tp_seconds;
+      t[TERM_P2P] = sg->p2p_seconds;
+      t[TERM_DP] = sg->dp_seconds;
+      /* memory: on a GPU, what the device holds, context included */
+      t[TERM_MEMORY] = sg->device_used_gib > 0 ? sg->device_used_gib : sg->memory_gib;
+      m->have_memory &= sg->memory_gib >= 0;
+    }
+    row[width - 1] = line->step_seconds;
   }
   for (int i = 0; i < n * TERM_COUNT; i++)
     m->stage[i] = column_median(rows, m->steps, width, i, scratch);
   for (int i = 0; i < n; i++) /* memory: the peak, not the median */
-    for (int r = 0; r < m->steps; r++)
-      if (rows[(size_t)r * width + i * TERM_COUNT + TERM_MEMORY] > m->stage[i * TERM_COUNT + TERM_MEMORY])
-        m->stage[i * TERM_COUNT + TERM_MEMORY] = rows[(size_t)r * width + i * TERM_COUNT + TERM_MEMORY];
+    for (int r = 0; r < m->steps; r++) {
+      double x = rows[(size_t)r * width + i * TERM_COUNT + TERM_MEMORY];
+      if (x > m->stage[i * TERM_COUNT + TERM_MEMORY])
+        m->stage[i * TERM_COUNT + TERM_MEMORY] = x;
+    }
   m->iteration = column_median(rows, m->steps, width, width - 1, scratch);
   free(scratch);
   free(rows);
+  ff_metrics_free(&mx);
   return FF_OK;
 }
 

@@ -152,14 +152,26 @@ done
 # synchronous mode, so a schedule whose sends would wait on each other under NCCL hangs here
 # too, and the timeout fails it.
 for name in everything dp2-tp2-beside-tp4 tp4-gqa pp4-tp-1-2-4-1 pp3-one-layer-stage; do
-  checks=$((checks + 2))
-  FF_TEST_STAGED_CPU=1 FF_TEST_DEVICE_COMM=1 timeout 300 mpirun -np "$(ranks tests/plans/$name.json)" "$ffrun" \
+  checks=$((checks + 3))
+  FF_CHECK_COMM_ORDER=1 FF_TEST_STAGED_CPU=1 FF_TEST_DEVICE_COMM=1 timeout 300 \
+    mpirun -np "$(ranks tests/plans/$name.json)" "$ffrun" \
     tests/plans/$name.json --text LICENSE --steps 5 --quiet --metrics "$tmp/devcomm-$name.jsonl" \
     --checkpoint-dir "$tmp/devcomm-$name" >"$tmp/devcomm.log" 2>&1 || { fail "device comm $name"; tail -5 "$tmp/devcomm.log"; }
+  grep -q "order check: [0-9]* ranks issued their collectives in one order" "$tmp/devcomm.log" ||
+    fail "device comm $name: the order checker did not pass the run"
   losses_agree "$tmp/ref5.jsonl" "$tmp/devcomm-$name.jsonl" >/dev/null || fail "device comm $name: losses differ"
   python3 "$compare" "$tmp/devcomm-$name/step-00000005.safetensors" "$tmp/ref/step-00000005.safetensors" \
     >/dev/null || fail "device comm $name: final weights differ from one rank"
 done
+# The order checker (FF_CHECK_COMM_ORDER=1, executor/comm_check.c) must catch a rank that starts
+# two gradient sums over different groups in the other order (FF_TEST_SWAP_SUMS=RANK; rank 2 of
+# this plan has such a pair), and name the two ranks.
+checks=$((checks + 2))
+FF_CHECK_COMM_ORDER=1 FF_TEST_SWAP_SUMS=2 timeout 300 mpirun -np "$(ranks tests/plans/dp2-tp2-beside-tp4.json)" \
+  "$ffrun" tests/plans/dp2-tp2-beside-tp4.json --text LICENSE --steps 2 --quiet >"$tmp/swap.log" 2>&1 &&
+  fail "the order checker passed a run whose rank 2 swapped two sums"
+grep -q "order check: ranks [0-9] and 2 differ at operation" "$tmp/swap.log" ||
+  { fail "the order checker did not name the ranks whose orders differ"; tail -5 "$tmp/swap.log"; }
 # Messages and sums longer than MPI's int counts go in pieces; FF_TEST_MPI_PIECE makes the pieces
 # small (1000 bytes or elements; 7 bytes, splitting floats) so that the piecing runs here.
 for piece in 1000 7; do

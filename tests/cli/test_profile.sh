@@ -122,8 +122,9 @@ ok &= abs(f["nodes"][0]["island_bandwidth_gb_per_s"] / b["nodes"][0]["island_ban
 sys.exit(0 if ok else 1)
 PY
 
-# calibrate refuses a metrics line without step_seconds, or with a stage term that is not a
-# number >= 0, with the file, line and key and exit status 2 (it used to crash on the first)
+# calibrate reads metrics strictly (common/ff_metrics.c): a line without step_seconds, a stage
+# term that is not a number >= 0, or a key ffrun never writes is refused with FILE:LINE, the JSON
+# path and exit status 2, and no output file
 python3 - "$tmp" <<'PY'
 import json, sys
 d = sys.argv[1]
@@ -134,16 +135,24 @@ open(d + "/no-step.jsonl", "w").write("".join(json.dumps(l) + "\n" for l in a))
 b = json.loads(json.dumps(lines))
 b[0]["stages"][1]["compute_seconds"] = "fast"
 open(d + "/bad-term.jsonl", "w").write("".join(json.dumps(l) + "\n" for l in b))
+c = json.loads(json.dumps(lines))
+c[1]["stages"][0]["compute_secs"] = 1
+open(d + "/typo.jsonl", "w").write("".join(json.dumps(l) + "\n" for l in c))
+e = json.loads(json.dumps(lines))
+e[0]["stages"][0]["dp_seconds"] = -1
+open(d + "/negative.jsonl", "w").write("".join(json.dumps(l) + "\n" for l in e))
 PY
-for case in "no-step:line 2: step_seconds: expected a number >= 0" \
-            "bad-term:line 1: stages[1].compute_seconds: expected a number >= 0"; do
+for case in 'no-step:2: (top level): missing required key "step_seconds"' \
+            'bad-term:1: stages[1].compute_seconds: expected a number, got a string "fast"' \
+            'typo:2: stages[0].compute_secs: unknown key "compute_secs"' \
+            'negative:1: stages[0].dp_seconds: '; do
   name=${case%%:*}
   want=${case#*:}
   checks=$((checks + 1))
   "$ffplan" calibrate --plan profiles/plans/tiny-asym.json --metrics "$tmp/$name.jsonl" \
     --cluster "$tmp/base.json" -o "$tmp/never.json" >"$tmp/out" 2>"$tmp/err"
   status=$?
-  if [ "$status" != 2 ] || ! grep -qF -- "$tmp/$name.jsonl: $want" "$tmp/err" || [ -e "$tmp/never.json" ]; then
+  if [ "$status" != 2 ] || ! grep -qF -- "$tmp/$name.jsonl:$want" "$tmp/err" || [ -e "$tmp/never.json" ]; then
     fail "calibrate on $name metrics: status $status (expected 2, no output file), stderr:"
     sed 's/^/    /' "$tmp/err"
   fi

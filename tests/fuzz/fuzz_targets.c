@@ -22,14 +22,19 @@
 #define T_CHECKPOINT 7
 #define T_CHECK 8
 #define T_DIFF 9
+#define T_METRICS 10
+#define T_CALIBRATE 11
 
 #if FF_FUZZ_TARGET == T_TOKENS || FF_FUZZ_TARGET == T_CHECKPOINT
 #include "checkpoint.h"
 #include "data.h"
 #include "model.h"
 #endif
-#if FF_FUZZ_TARGET == T_DIFF
+#if FF_FUZZ_TARGET == T_DIFF || FF_FUZZ_TARGET == T_CALIBRATE
 #include "ffplan_cmds.h"
+#endif
+#if FF_FUZZ_TARGET == T_METRICS
+#include "ff_metrics.h"
 #endif
 
 static bool names_files(const cJSON *root) {
@@ -181,6 +186,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   char *argv[] = {a, b, NULL};
   ffplan_cmd_diff(2, argv);
+#elif FF_FUZZ_TARGET == T_METRICS
+  ff_diag d;
+  ff_diag_init(&d, "fuzz");
+  ff_metrics m;
+  if (ff_metrics_parse((const char *)data, size, "fuzz", &d, &m) == FF_OK)
+    ff_metrics_free(&m);
+  ff_diag_free(&d);
+#elif FF_FUZZ_TARGET == T_CALIBRATE
+  /* the input is a run's metrics for the shipped 6-rank plan on its shipped cluster (run from
+   * the repository root); the fitted profile goes to a temporary file, the table to /dev/null */
+  static char out[64];
+  if (!out[0]) {
+    snprintf(out, sizeof out, "/tmp/ff-fuzz-cal-%d.json", (int)getpid());
+    if (!freopen("/dev/null", "w", stdout))
+      abort();
+  }
+  const char *path = temp_file(data, size);
+  if (!path)
+    return 0;
+  char *argv[] = {"--plan", "profiles/plans/tiny-asym.json", "--metrics", (char *)path,
+                  "--cluster", "profiles/clusters/cpu-local.json", "-o", out, NULL};
+  ffplan_cmd_calibrate(8, argv);
+  remove(out);
 #else
   read_json(data, size);
 #endif

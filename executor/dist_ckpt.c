@@ -1,18 +1,13 @@
 /* dist_ckpt.c — checkpoints of a plan of any shape: the logical tensors gathered on rank 0, one
  * at a time, and resuming from the newest intact one. */
 #define _POSIX_C_SOURCE 200809L
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "checkpoint.h"
-#include "dist.h"
 #include "dist_internal.h"
-#include "signals.h"
 
 static int checkpoint_tag(int segment, int block) {
   return 16384 + (int)(((int64_t)segment * 4 + block) % 16384);

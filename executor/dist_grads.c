@@ -7,14 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include "checkpoint.h"
-#include "dist.h"
 #include "dist_internal.h"
-#include "signals.h"
 
 /* ---- slices of the logical tensors ---------------------------------------------------- */
 

@@ -6,14 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include "checkpoint.h"
-#include "dist.h"
 #include "dist_internal.h"
-#include "signals.h"
 
 /* ---- stage boundaries ------------------------------------------------------------------- */
 

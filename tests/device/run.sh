@@ -65,27 +65,6 @@ if [ -d .device-debs ] && ! pkg-config --exists libcjson 2>/dev/null; then
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
-# ---- NCCL: where the toolkit has none, the one a Python wheel (nvidia-nccl-cu13) ships ---------
-# The wheel holds include/nccl.h and lib/libnccl.so.2 but no libnccl.so to link against, so a
-# private folder gets both names; the compilers and the loader find it through the usual paths.
-if [ -z "$rehearsal" ] && command -v nvcc >/dev/null &&
-   ! [ -e "$(dirname "$(dirname "$(command -v nvcc)")")/include/nccl.h" ] &&
-   ! [ -e /usr/include/nccl.h ]; then
-  wheel=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
-  if [ -n "$wheel" ] && [ -e "$wheel/include/nccl.h" ]; then
-    N=/tmp/ffnccl
-    mkdir -p $N/lib $N/include
-    ln -sf "$wheel/include/"*.h $N/include/
-    so=$(ls "$wheel"/lib/libnccl.so* | head -1)
-    ln -sf "$so" $N/lib/libnccl.so
-    ln -sf "$so" $N/lib/libnccl.so.2
-    export CPATH=$N/include${CPATH:+:$CPATH}
-    export LIBRARY_PATH=$N/lib${LIBRARY_PATH:+:$LIBRARY_PATH}
-    export LD_LIBRARY_PATH=$N/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    say "NCCL from the Python wheel at $wheel"
-  fi
-fi
-
 say "configure and build (CUDA enabled)"
 if [ -n "$rehearsal" ]; then
   [ -x "$bdir/executor/ffrun" ] || { echo "run.sh: no build in $bdir" >&2; exit 2; }

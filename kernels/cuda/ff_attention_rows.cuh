@@ -1,7 +1,7 @@
 /* ff_attention_rows.cuh — what the attention kernels share (the fused fp32 ones of
  * ff_attention_kernels.cuh and the tensor-core ones of ff_attention_tc_kernels.cuh): where a
  * head's rows are, and the per-row statistics of the backward. It needs only FF_WARP and
- * ff_warp_sum, so the CPU emulation of the kernels (tests/unit/cuda_emu) uses it as it is. */
+ * ff_warp_sum, so the CPU emulation of the kernels (tests/emu) uses it as it is. */
 #ifndef FF_ATTENTION_ROWS_CUH
 #define FF_ATTENTION_ROWS_CUH
 

@@ -1,6 +1,6 @@
 /* ff_cuda_device.cuh — the device helpers the kernels share: warp and block reductions, the
  * grid of a grid-stride loop, dynamic shared memory. Nothing here needs the CUDA runtime API, so
- * the CPU emulation of the kernels (tests/unit/cuda_emu) compiles this very file. */
+ * the CPU emulation of the kernels (tests/emu) compiles this very file. */
 #ifndef FF_CUDA_DEVICE_CUH
 #define FF_CUDA_DEVICE_CUH
 
@@ -10,7 +10,7 @@
 enum { FF_WARP = 32 };
 
 /* The block's dynamic shared memory, as bytes aligned to `align` (a macro so that the CPU
- * emulation of the kernels, tests/unit/cuda_emu, can spell it its own way). */
+ * emulation of the kernels, tests/emu, can spell it its own way). */
 #ifndef FF_DYNAMIC_SHARED
 #define FF_DYNAMIC_SHARED(name, align) extern __shared__ __align__(align) unsigned char name[]
 #endif

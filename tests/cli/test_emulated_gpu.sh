@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_emulated_gpu.sh FFRUN_EMULATED FFRUN — ffrun training on the CUDA backend built against the
-# CPU emulation of CUDA (tests/unit/cuda_emu: kernels/cuda's own sources, its launchers, cuBLASLt
+# CPU emulation of CUDA (tests/emu: kernels/cuda's own sources, its launchers, cuBLASLt
 # calls, device memory and copies), against the CPU backend, as tests/device/run.sh part 2 does
 # on a GPU. A one-layer tiny-gqa at sequence 16 (the emulation runs every GPU thread as a fiber),
 # 2 steps:

@@ -12,7 +12,7 @@
  *        check_kernels self [SEED]          the CPU backend against itself: checks the checker
  *                                           (poisoning, shapes, comparisons) where no GPU is
  * --quick: smaller attention shapes and no 1B-sized matmul, for the CUDA backend built against
- * the CPU emulation of CUDA (tests/unit/cuda_emu), where every GPU thread is a fiber: every
+ * the CPU emulation of CUDA (tests/emu), where every GPU thread is a fiber: every
  * operation and every launcher path (each head-dimension class, GQA, a TP shard, tiles and
  * chunks crossed) still runs, at sizes the emulation gets through in seconds. */
 #include <math.h>

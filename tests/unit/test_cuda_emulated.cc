@@ -1,4 +1,4 @@
-/* test_cuda_emulated.cc — the CUDA backend's kernels run on the CPU under cuda_emu/ (a fiber
+/* test_cuda_emulated.cc — the CUDA backend's kernels run on the CPU under tests/emu/ (a fiber
  * per CUDA thread, barriers for __syncthreads and __syncwarp, shuffles through shared slots,
  * WMMA on plain arrays), launched with the shapes their launchers use, against the CPU
  * backend, as tests/device/check_kernels does on a GPU: every operation but the matmuls (cuBLAS)

@@ -71,7 +71,7 @@ cudaError_t cudaGetDevice(int *device) {
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
   if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   memset(prop, 0, sizeof *prop);
-  snprintf(prop->name, sizeof prop->name, "emulated GPU (tests/unit/cuda_emu)");
+  snprintf(prop->name, sizeof prop->name, "emulated GPU (tests/emu)");
   prop->totalGlobalMem = EMU_DEVICE_BYTES;
   prop->major = 9;
   return cudaSuccess;

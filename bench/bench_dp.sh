@@ -13,14 +13,24 @@ trap 'rm -rf "$tmp"' EXIT
 "$build/executor/ffrun" bench/data/bench-1rank.json --text LICENSE --quiet --metrics "$tmp/one.jsonl"
 mpirun -np 2 --bind-to core "$build/executor/ffrun" bench/data/bench-dp2.json --text LICENSE --quiet \
   --metrics "$tmp/two.jsonl"
-python3 - "$tmp/one.jsonl" "$tmp/two.jsonl" <<'PY'
-import json, sys
-one = [json.loads(l) for l in open(sys.argv[1])][1:]
-two = [json.loads(l) for l in open(sys.argv[2])][1:]
-tps1 = sum(x["tokens_per_second"] for x in one) / len(one)
-tps2 = sum(x["tokens_per_second"] for x in two) / len(two)
-dp = sum(max(s["dp_seconds"] for s in x["stages"]) for x in two) / len(two)
-pred = two[-1]["stages"][0]["predicted"]["dp_seconds"]
+ffplan=$build/planner/ffplan
+# Metrics through the strict reader, `ffplan metrics`; the first step warms up. The DP time of a
+# step is its slowest stage's; the prediction is the plan's, as ffrun wrote it beside them.
+"$ffplan" metrics "$tmp/one.jsonl" --get step,tokens_per_second >"$tmp/one.tsv"
+"$ffplan" metrics "$tmp/two.jsonl" --get step,tokens_per_second >"$tmp/two.tsv"
+"$ffplan" metrics "$tmp/two.jsonl" --stages --get step,dp_seconds,predicted_dp_seconds \
+  >"$tmp/two-dp.tsv"
+python3 - "$tmp/one.tsv" "$tmp/two.tsv" "$tmp/two-dp.tsv" <<'PY'
+import sys
+rows = lambda f: [[float(x) for x in l.split("\t")] for l in open(f)]
+one, two, stages = rows(sys.argv[1])[1:], rows(sys.argv[2])[1:], rows(sys.argv[3])
+tps1 = sum(r[1] for r in one) / len(one)
+tps2 = sum(r[1] for r in two) / len(two)
+dp = {}
+for step, seconds, _ in stages:
+    dp[step] = max(dp.get(step, 0.0), seconds)
+dp = sum(dp[r[0]] for r in two) / len(two)
+pred = next(s[2] for s in stages if s[0] == stages[-1][0])  # the last step's first
 print("| ranks | tokens/s (one rank) | tokens/s (two ranks, DP) | speed-up | target | DP all-reduce measured (s) | predicted (s) |")
 print("|---:|---:|---:|---:|---|---:|---:|")
 print("| 2 | %.0f | %.0f | %.2fx | >= 1.7x | %.4f | %.4f |" % (tps1, tps2, tps2 / tps1, dp, pred))

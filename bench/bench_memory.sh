@@ -27,13 +27,16 @@ json.dump(p, open(sys.argv[2], "w"), indent=2)
 PY
     "$build/executor/ffrun" "$tmp/$name.json" --text LICENSE --steps 1 --quiet \
       --metrics "$tmp/$name.jsonl"
-    python3 - "$tmp/$name.jsonl" "$precision" "$recompute" "$tmp/$name.json" <<'PY'
+    # the last step's figures through the strict reader, `ffplan metrics`
+    "$build/planner/ffplan" metrics "$tmp/$name.jsonl" \
+      --get memory_gib,predicted_memory_gib,step_seconds | tail -1 >"$tmp/$name.tsv"
+    python3 - "$tmp/$name.tsv" "$precision" "$recompute" "$tmp/$name.json" <<'PY'
 import json, sys
-m = json.loads(open(sys.argv[1]).readlines()[-1])
+memory, predicted, step = map(float, open(sys.argv[1]).read().split("\t"))
 reserve = json.load(open(sys.argv[4]))["inputs"]["cluster"]["device_types"][0]["runtime_reserve_gib"]
-pred = m["predicted"]["memory_gib"] - reserve
-print("| %s | %s | %.4f | %.4f | %.2f %% | %.2f |" % (sys.argv[2], sys.argv[3], m["memory_gib"], pred,
-      100 * m["memory_gib"] / pred, m["step_seconds"]))
+pred = predicted - reserve
+print("| %s | %s | %.4f | %.4f | %.2f %% | %.2f |" % (sys.argv[2], sys.argv[3], memory, pred,
+      100 * memory / pred, step))
 PY
   done
 done

@@ -27,18 +27,19 @@ static bool number_or_null(ff_jobj *o, const char *key, double *out, bool *finit
 }
 
 /* A stage's predicted figures, as ffrun writes them beside the measured ones. */
-static void read_predicted_stage(ff_jobj *parent) {
+static void read_predicted_stage(ff_jobj *parent, ff_metrics_stage *s) {
   const cJSON *v = ff_jobj_get(parent, "predicted", false);
   char path[FF_PATH_MAX];
   ff_jobj_path(parent, "predicted", path, sizeof path);
   ff_jobj o;
   if (!v || !ff_jobj_open(&o, parent->diag, v, path))
     return;
-  static const char *const keys[] = {"compute_seconds", "p2p_seconds", "tp_seconds",
-                                     "dp_seconds", "bubble_seconds", "memory_gib"};
-  double x;
-  for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
-    ff_jobj_num(&o, keys[i], false, amount, &x);
+  ff_jobj_num(&o, "compute_seconds", false, seconds, &s->predicted_compute_seconds);
+  ff_jobj_num(&o, "p2p_seconds", false, seconds, &s->predicted_p2p_seconds);
+  ff_jobj_num(&o, "tp_seconds", false, seconds, &s->predicted_tp_seconds);
+  ff_jobj_num(&o, "dp_seconds", false, seconds, &s->predicted_dp_seconds);
+  ff_jobj_num(&o, "bubble_seconds", false, seconds, &s->predicted_bubble_seconds);
+  ff_jobj_num(&o, "memory_gib", false, amount, &s->predicted_memory_gib);
   ff_jobj_close(&o);
 }
 
@@ -49,6 +50,8 @@ static bool read_stage(ff_diag *d, const cJSON *v, const char *path, ff_metrics_
   memset(s, 0, sizeof *s);
   s->pipeline = s->stage = -1;
   s->memory_gib = -1;
+  s->predicted_compute_seconds = s->predicted_p2p_seconds = s->predicted_tp_seconds = -1;
+  s->predicted_dp_seconds = s->predicted_bubble_seconds = s->predicted_memory_gib = -1;
   ff_jobj_int(&o, "pipeline", false, 0, 1 << 20, &s->pipeline);
   ff_jobj_int(&o, "stage", false, 0, 1 << 20, &s->stage);
   ff_jobj_num(&o, "compute_seconds", false, seconds, &s->compute_seconds);
@@ -58,7 +61,7 @@ static bool read_stage(ff_diag *d, const cJSON *v, const char *path, ff_metrics_
   ff_jobj_num(&o, "bubble_seconds", false, seconds, &s->bubble_seconds);
   ff_jobj_num(&o, "memory_gib", false, amount, &s->memory_gib);
   ff_jobj_num(&o, "device_used_gib", false, amount, &s->device_used_gib);
-  read_predicted_stage(&o);
+  read_predicted_stage(&o, s);
   ff_jobj_close(&o);
   return ff_diag_ok(d);
 }

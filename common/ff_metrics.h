@@ -2,7 +2,8 @@
  * (docs/executor.md, "Metrics"), read strictly: every line is parsed by the JSON layer (no
  * duplicate keys, no trailing bytes), every key must be one ffrun writes, every number finite and
  * in range; an error names FILE:LINE and the JSON path. Non-finite losses and norms are written
- * as null. Used by `ffplan calibrate`, the benchmarks and the tests. */
+ * as null. Used by `ffplan calibrate` and `ffplan metrics`, through which the benchmarks and the
+ * tests read metrics. */
 #ifndef FF_METRICS_H
 #define FF_METRICS_H
 
@@ -19,6 +20,9 @@ typedef struct ff_metrics_stage {
   double compute_seconds, p2p_seconds, tp_seconds, dp_seconds, bubble_seconds;
   double memory_gib;      /* the backend's allocation peak */
   double device_used_gib; /* 0: not written (the CPU backend) */
+  /* The plan's predictions ffrun wrote beside them; -1: not written. */
+  double predicted_compute_seconds, predicted_p2p_seconds, predicted_tp_seconds,
+      predicted_dp_seconds, predicted_bubble_seconds, predicted_memory_gib;
 } ff_metrics_stage;
 
 typedef struct ff_metrics_step {

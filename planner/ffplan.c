@@ -8,6 +8,8 @@
  *   ffplan plan --cluster C --model M --training T [-o PLAN]   search for the best plan
  *   ffplan show PLAN / check PLAN / diff A B                   review plans (cmd_show.c, cmd_diff.c)
  *   ffplan svg PLAN -o F.svg / hostfile PLAN                   drawings and launcher files (cmd_svg.c, cmd_hostfile.c)
+ *   ffplan calibrate / metrics RUN.jsonl                       fit a profile to a run; read a run
+ *                                                              (cmd_calibrate.c, cmd_metrics.c)
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -49,6 +51,9 @@ static void usage(FILE *out) {
           "  calibrate --plan PLAN --metrics RUN.jsonl --cluster C -o C2\n"
           "                            fit the cluster profile to what a run of the plan measured\n"
           "                            and print the prediction error before and after, per term\n"
+          "  metrics RUN.jsonl [--get KEY[,KEY...]]\n"
+          "                            check a run's metrics strictly and summarise them, or\n"
+          "                            print the named keys of every step, tab-separated\n"
           "  svg PLAN -o FILE.svg [--timeline]\n"
           "                            draw the plan for review: pipelines, stages, TP groups,\n"
           "                            nodes and GPUs by device type, memory per stage;\n"
@@ -184,6 +189,8 @@ int main(int argc, char **argv) {
     return ffplan_cmd_plan(argc - 2, argv + 2);
   if (strcmp(cmd, "calibrate") == 0)
     return ffplan_cmd_calibrate(argc - 2, argv + 2);
+  if (strcmp(cmd, "metrics") == 0)
+    return ffplan_cmd_metrics(argc - 2, argv + 2);
   if (strcmp(cmd, "svg") == 0)
     return ffplan_cmd_svg(argc - 2, argv + 2);
   if (strcmp(cmd, "hostfile") == 0)

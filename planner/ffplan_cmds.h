@@ -12,6 +12,7 @@ int ffplan_cmd_show(int argc, char **argv);
 int ffplan_cmd_check(int argc, char **argv);
 int ffplan_cmd_diff(int argc, char **argv);
 int ffplan_cmd_calibrate(int argc, char **argv);
+int ffplan_cmd_metrics(int argc, char **argv);
 /* Point a plan's ranks at another cluster's nodes and device types (by name); the plan's own
  * cluster is left as it was, the caller swaps it in. */
 ff_status ffplan_rebind(ff_plan *p, const ff_cluster *c);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_cli.sh FFPLAN FFRUN — the command lines as a user meets them: help and version, exit
 # statuses (0 ok, 1 runtime, 2 bad input), no output file written or truncated on bad input,
-# fmt --check, and ffrun --dry-run alone and under mpirun.
+# fmt --check, ffplan metrics, and ffrun --dry-run alone and under mpirun.
 set -u
 ffplan=$1
 ffrun=$2
@@ -126,6 +126,34 @@ expect_status 3 "ffplan plan of a model that fits nowhere" "$ffplan" plan \
 expect_grep "$tmp/err" "model states need" "an infeasible plan says why"
 checks=$((checks + 1))
 [ -e "$tmp/none.json" ] && { echo "FAIL: a failed plan wrote output"; failures=$((failures + 1)); }
+
+# ffplan metrics: a run's metrics through the strict reader, summarised or as columns; a bad
+# line is named by file and line, with exit status 2.
+expect_status 0 "ffrun, 3 steps with metrics" "$ffrun" tests/plans/one-rank.json --text LICENSE \
+  --steps 3 --quiet --metrics "$tmp/run.jsonl"
+expect_status 0 "ffplan metrics (summary)" "$ffplan" metrics "$tmp/run.jsonl"
+expect_grep "$tmp/out" "3 steps (1 to 3) on 1 rank" "the summary counts the steps"
+expect_grep "$tmp/out" "predicted .* %)" "the summary sets the prediction against the run"
+expect_status 0 "ffplan metrics --get" "$ffplan" metrics "$tmp/run.jsonl" --get step,loss,ranks
+checks=$((checks + 1))
+python3 - "$tmp/run.jsonl" "$tmp/out" <<'PY' || { echo "FAIL: --get differs from the file"; failures=$((failures + 1)); }
+import json, sys
+want = [(j["step"], j["loss"], j["ranks"]) for j in map(json.loads, open(sys.argv[1]))]
+got = [tuple(f(x) for f, x in zip((int, float, int), l.split("\t"))) for l in open(sys.argv[2])]
+sys.exit(0 if got == want else 1)
+PY
+expect_status 0 "ffplan metrics --stages" "$ffplan" metrics "$tmp/run.jsonl" --stages \
+  --get step,pipeline,stage,predicted_memory_gib
+checks=$((checks + 1))
+awk -F '\t' 'NF != 4 || $4 <= 0 { bad = 1 } END { exit bad || NR != 3 }' "$tmp/out" ||
+  { echo "FAIL: --stages: expected 3 rows with a predicted memory"; failures=$((failures + 1)); }
+expect_status 2 "ffplan metrics --get an unknown key" "$ffplan" metrics "$tmp/run.jsonl" --get lose
+expect_grep "$tmp/err" "lose: not a key of a metrics line; the keys: step" "the unknown key is named"
+expect_status 2 "ffplan metrics --stages without --get" "$ffplan" metrics "$tmp/run.jsonl" --stages
+sed '2s/"loss": [^,]*/"loss": "low"/' "$tmp/run.jsonl" >"$tmp/bad.jsonl"
+expect_status 2 "ffplan metrics on a bad line" "$ffplan" metrics "$tmp/bad.jsonl" --get loss
+expect_grep "$tmp/err" "bad.jsonl:2: loss" "the bad line is named by file, line and key"
+expect_status 2 "ffplan metrics on a missing file" "$ffplan" metrics "$tmp/none.jsonl"
 
 # ffrun --dry-run: one line per rank, alone and under mpirun.
 expect_status 0 "ffrun --dry-run" "$ffrun" --dry-run profiles/plans/tiny-asym.json

@@ -6,9 +6,10 @@
 # under another plan equal 6 steps on one rank; and a killed rank ends the whole job with a
 # non-zero status within 60 s, leaving the last checkpoint intact; full recompute changes no
 # value. The copying paths of the GPU backend are taken on the CPU too (FF_TEST_STAGED_CPU,
-# FF_TEST_DEVICE_COMM), and --comm is checked.
+# FF_TEST_DEVICE_COMM), and --comm is checked. Metrics are read through `ffplan metrics`, the
+# strict reader, never as raw JSON.
 set -u
-ffrun=$1
+ffrun=$1 ffplan=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -20,37 +21,40 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 compare=tests/reference/compare_checkpoints.py
 ranks() { grep -c '"rank":' "$1"; }
 
-losses_agree() { # reference metrics, metrics
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-bad = len(a) != len(b) or any(abs(x - y) > 1e-5 * abs(x) for x, y in zip(a, b))
-print("losses %s: %s" % ("differ" if bad else "agree", " ".join("%.7f" % y for y in b)))
-sys.exit(1 if bad else 0)
-PY
+. tests/metrics.sh
+losses_close() { losses_compare "$@" >/dev/null; } # reference metrics tolerance
+losses_agree() { losses_compare "$1" "$2" 1e-5; } # reference metrics
+first_stage() { # metrics -> what pipeline 0's stage 0 allocated at the last step
+  "$ffplan" metrics "$1" --stages --get pipeline,stage,memory_gib | awk '!$1 && !$2 { m = $3 }
+    END { print m }'
 }
 
 # What each stage's first rank allocated against the plan's prediction less its device type's
 # runtime reserve: the cost model counts ffrun's buffers, so they agree to 1 % (alignment).
 memory_matches() { # plan metrics
-  python3 - "$1" "$2" <<'PY'
+  "$ffplan" metrics "$2" --stages --get step,pipeline,stage,memory_gib,predicted_memory_gib |
+    python3 -c '
 import json, sys
 plan = json.load(open(sys.argv[1]))
 reserve = {d["name"]: d["runtime_reserve_gib"] for d in plan["inputs"]["cluster"]["device_types"]}
-last = json.loads(open(sys.argv[2]).readlines()[-1])
-stages = {(x["pipeline"], x["stage"]): x for x in last.get("stages", [])}
+rows = [l.split("\t") for l in sys.stdin.read().splitlines()]
+last = max(int(r[0]) for r in rows) if rows else -1
+stages = {(int(r[1]), int(r[2])): (float(r[3]), float(r[4])) for r in rows if int(r[0]) == last}
 bad = []
 for p, pl in enumerate(plan["pipelines"]):
     for s, st in enumerate(pl["stages"]):
-        got = stages.get((p, s), last)
-        want = got["predicted"]["memory_gib"] - reserve[st["ranks"][0]["device"]]
-        if abs(got["memory_gib"] - want) > 0.01 * want:
-            bad.append("pipeline %d stage %d: %.6f GiB allocated, %.6f predicted" % (p, s, got["memory_gib"], want))
+        if (p, s) not in stages:
+            bad.append("pipeline %d stage %d: not in the metrics" % (p, s))
+            continue
+        got, predicted = stages[(p, s)]
+        want = predicted - reserve[st["ranks"][0]["device"]]
+        if predicted < 0 or abs(got - want) > 0.01 * want:
+            bad.append("pipeline %d stage %d: %.6f GiB allocated, %.6f predicted"
+                       % (p, s, got, want))
 if bad:
     print("\n".join(bad))
 sys.exit(1 if bad else 0)
-PY
+' "$1"
 }
 
 # The one-rank reference: 6 steps, a checkpoint at every step.
@@ -205,14 +209,6 @@ json.dump(p, open(sys.argv[2], "w"), indent=2)
 PY
   echo "$tmp/bf16-$(basename "$1")"
 }
-losses_close() { # reference, metrics, relative tolerance
-  python3 - "$1" "$2" "$3" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-sys.exit(1 if len(a) != len(b) or any(abs(x - y) > float(sys.argv[3]) * abs(x) for x, y in zip(a, b)) else 0)
-PY
-}
 checks=$((checks + 2))
 "$ffrun" "$(bf16_plan tests/plans/one-rank.json)" --text LICENSE --steps 5 --quiet \
   --metrics "$tmp/bf16-ref.jsonl" --checkpoint-dir "$tmp/bf16-ref" || fail "bf16: the one-rank run"
@@ -240,12 +236,10 @@ for prec in fp32 bf16; do
   memory_matches "$tmp/wide-$prec.json" "$tmp/wide-$prec.jsonl" ||
     fail "$prec: micro-batches of 4: memory differs from the prediction"
 done
-python3 - "$tmp/wide-fp32.jsonl" "$tmp/wide-bf16.jsonl" <<'PY' || fail "bf16 does not take less memory"
-import json, sys
-fp32 = json.loads(open(sys.argv[1]).readlines()[-1])["memory_gib"]
-bf16 = json.loads(open(sys.argv[2]).readlines()[-1])["memory_gib"]
-sys.exit(0 if bf16 < fp32 else 1)
-PY
+awk -v fp32="$(metrics_last "$tmp/wide-fp32.jsonl" memory_gib)" \
+  -v bf16="$(metrics_last "$tmp/wide-bf16.jsonl" memory_gib)" \
+  'BEGIN { exit !(bf16 != "" && bf16 + 0 < fp32 + 0) }' ||
+  fail "bf16 does not take less memory"
 for name in pp2-layers-3to1 pp2-head-alone everything tp4-gqa; do
   checks=$((checks + 2))
   plan=$(bf16_plan tests/plans/$name.json)
@@ -300,12 +294,9 @@ for name in one-rank pp2-layers-3to1 everything; do
       fail "recompute $precision $name: losses differ from the plan without recompute"
     python3 "$compare" "$tmp/rc-$base/step-00000005.safetensors" "$tmp/$base/step-00000005.safetensors" 0 \
       >/dev/null || fail "recompute $precision $name: final weights differ from the plan without recompute"
-    python3 - "$metrics" "$tmp/rc-$base.jsonl" <<'PY' || fail "recompute $precision $name: stage 0 keeps no less"
-import json, sys
-last = [json.loads(open(f).readlines()[-1]) for f in sys.argv[1:3]]
-a, b = (j.get("stages", [j])[0]["memory_gib"] for j in last)
-sys.exit(0 if b < a else 1)
-PY
+    awk -v a="$(first_stage "$metrics")" -v b="$(first_stage "$tmp/rc-$base.jsonl")" \
+      'BEGIN { exit !(a != "" && b != "" && b + 0 < a + 0) }' ||
+      fail "recompute $precision $name: stage 0 keeps no less"
   done
 done
 

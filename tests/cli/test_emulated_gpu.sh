@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# test_emulated_gpu.sh FFRUN_EMULATED FFRUN — ffrun training on the CUDA backend built against the
-# CPU emulation of CUDA (tests/emu: kernels/cuda's own sources, its launchers, cuBLASLt
+# test_emulated_gpu.sh FFRUN_EMULATED FFRUN FFPLAN — ffrun training on the CUDA backend built
+# against the CPU emulation of CUDA (tests/emu: kernels/cuda's own sources, its launchers, cuBLASLt
 # calls, device memory and copies), against the CPU backend, as tests/device/run.sh part 2 does
 # on a GPU. A one-layer tiny-gqa at sequence 16 (the emulation runs every GPU thread as a fiber),
 # 2 steps:
@@ -18,6 +18,7 @@
 set -u
 emulated=$1
 ffrun=$2
+ffplan=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -53,16 +54,10 @@ micro("tests/plans/one-rank.json", "two-layers.json", layers=2)
 PY
 
 # losses A B TOL: the per-step losses of two metrics files agree to relative TOL
+. tests/metrics.sh
 losses() {
-  python3 - "$@" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-worst = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=float("inf"))
-print("  %s: %d steps, worst rel loss difference %.2e (tolerance %s)"
-      % (sys.argv[2].rsplit("/", 1)[-1], len(b), worst, sys.argv[3]))
-sys.exit(0 if len(a) == len(b) == 2 and worst <= float(sys.argv[3]) else 1)
-PY
+  echo "  ${2##*/}: $(losses_compare "$@")"
+  losses_compare "$@" >/dev/null
 }
 
 run() { # plan backend metrics [ranks [comm]]

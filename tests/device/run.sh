@@ -111,24 +111,9 @@ part 1 && for attention in fused gemm tensor; do
   done
 done
 
-# losses A B TOL: the per-step losses of two metrics files agree to relative TOL
-losses() {
-  python3 - "$@" <<'PY'
-import json, os, sys
-for f in sys.argv[1:3]:
-    if not os.path.exists(f):
-        print("no metrics: %s was not written (see the .err/.log beside it)" % f)
-        sys.exit(1)
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-tol = float(sys.argv[3])
-worst = max((abs(x - y) / abs(x) for x, y in zip(a, b)), default=float("inf"))
-ok = len(a) == len(b) and len(a) > 0 and worst <= tol
-print("%d steps, worst rel loss difference %.2e (tolerance %g), final %.4f vs %.4f"
-      % (len(b), worst, tol, a[-1] if a else 0, b[-1] if b else 0))
-sys.exit(0 if ok else 1)
-PY
-}
+# losses A B TOL: the per-step losses of two metrics files agree to relative TOL (tests/metrics.sh)
+. tests/metrics.sh
+losses() { losses_compare "$@"; }
 
 # ---- 2. training curves ------------------------------------------------------------------------
 part 2 && say "20 steps, CPU against GPU"
@@ -182,24 +167,30 @@ part 4 && for attention in ${FF_DEVICE_ATTENTIONS:-gemm tensor fused}; do
   m=$out/llama-1b-$attention
   timeout 300 env FF_ATTENTION=$attention $ffrun "$out/llama-1b.json" --text LICENSE --steps 6 \
     --backend $backend --metrics "$m.jsonl" >"$m.log" 2>&1
-  detail=$(python3 - "$m.jsonl" "$bench_model" "$out/llama-1b.json" <<'PY'
-import json, math, os, statistics, sys
-if not os.path.exists(sys.argv[1]):
-    print("no metrics: see the run's log"); sys.exit(1)
-rows = [json.loads(l) for l in open(sys.argv[1])][2:]  # steps 1-2 warm up
+  keys=loss,step_seconds,matmul_seconds,attention_seconds,tokens_per_second,mfu,memory_gib
+  keys=$keys,predicted_memory_gib,device_used_gib
+  detail=$( { [ -s "$m.jsonl" ] && $ffplan metrics "$m.jsonl" --get $keys 2>&1; } |
+    python3 -c '
+import json, math, statistics, sys
+names = sys.argv[3].split(",")
+lines = sys.stdin.read().splitlines()
+if any(len(l.split("\t")) != len(names) for l in lines) or not lines:
+    print("no metrics (see the log beside them): " + " ".join(lines[:2])); sys.exit(1)
+value = lambda v: math.nan if v == "null" else float(v)
+all_rows = [dict(zip(names, map(value, l.split("\t")))) for l in lines]
+rows = all_rows[2:]  # steps 1-2 warm up
 if not rows:
     print("no steps measured"); sys.exit(1)
-m = json.load(open(sys.argv[2]))
-device = json.load(open(sys.argv[3]))["inputs"]["cluster"]["device_types"][0]
+m = json.load(open(sys.argv[1]))
+device = json.load(open(sys.argv[2]))["inputs"]["cluster"]["device_types"][0]
 reserve = device["runtime_reserve_gib"]
 C, L, F, V, S = m["hidden"], m["layers"], m["ffn_hidden"], m["vocab"], m["seq_len"]
 D = C // m["heads"]
 matmul_params = L * (2 * C * C + 2 * C * m["kv_heads"] * D + 3 * C * F) + V * C
 med = lambda k: statistics.median(r[k] for r in rows)
-losses = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-want = rows[-1]["predicted"]["memory_gib"] - reserve
+want = rows[-1]["predicted_memory_gib"] - reserve
 off = abs(rows[-1]["memory_gib"] - want) / want
-problems = ["a loss is not finite"] if not all(math.isfinite(x) for x in losses) else []
+problems = [] if all(math.isfinite(r["loss"]) for r in all_rows) else ["a loss is not finite"]
 if off > 0.05:
     problems.append("memory %.1f %% off the prediction" % (100 * off))
 step, mm, att = med("step_seconds"), med("matmul_seconds"), med("attention_seconds")
@@ -215,11 +206,10 @@ print(("; ".join(problems) + ": " if problems else "") +
       % (len(rows), step, med("tokens_per_second"), 100 * med("mfu"),
          "met" if med("mfu") >= 0.5 else "missed", mm, 100 * mm / step,
          mm_tflops, 100 * mm_tflops / 989, att, 100 * att / step, step - mm - att,
-         rows[-1]["memory_gib"], rows[-1]["predicted"]["memory_gib"] - reserve, reserve,
-         100 * rows[-1]["memory_gib"] / (rows[-1]["predicted"]["memory_gib"] - reserve),
-         rows[-1].get("device_used_gib", 0), rows[-1]["predicted"]["memory_gib"]))
+         rows[-1]["memory_gib"], want, reserve, 100 * rows[-1]["memory_gib"] / want,
+         rows[-1]["device_used_gib"], rows[-1]["predicted_memory_gib"]))
 sys.exit(1 if problems else 0)
-PY
+' "$bench_model" "$out/llama-1b.json" "$keys"
   ) && r=pass || r=FAIL
   row "4. llama-1b, 1 GPU, bf16 matmuls, attention $attention" $r "$detail"
 done

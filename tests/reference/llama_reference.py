@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""llama_reference.py FFRUN — ffrun's model against an independent implementation in PyTorch.
+"""llama_reference.py FFRUN FFPLAN — ffrun's model against an independent one in PyTorch.
 
 ffrun trains the tiny model of profiles/plans/tiny-1rank.json on LICENSE for three steps and
 saves, at every step, its parameters and the step's gradients (safetensors, logical tensors).
@@ -12,7 +12,8 @@ PyTorch comes from Debian's python3-torch, which scripts/setup installs. Without
 fails, saying so: it does not quietly check less. `--committed` asks for the lesser check
 explicitly: ffrun against the figures the reference produced last time, committed in
 expected.json (the losses and, per tensor, the norms of the gradients and of the updated
-parameters). `--update` rewrites expected.json (with torch).
+parameters). `--update` rewrites expected.json (with torch). The run's losses are read through
+`FFPLAN metrics`, the strict metrics reader.
 """
 import json
 import math
@@ -45,13 +46,15 @@ def read_safetensors(path):
     return meta, tensors
 
 
-def run_ffrun(ffrun, workdir):
+def run_ffrun(ffrun, ffplan, workdir):
     ckpt = os.path.join(workdir, "ckpt")
     metrics = os.path.join(workdir, "metrics.jsonl")
     subprocess.run([ffrun, PLAN, "--text", TEXT, "--steps", str(STEPS), "--checkpoint-dir", ckpt,
                     "--checkpoint-every", "1", "--checkpoint-gradients", "--metrics", metrics,
                     "--quiet"], check=True)
-    losses = [json.loads(line)["loss"] for line in open(metrics)]
+    got = subprocess.run([ffplan, "metrics", metrics, "--get", "loss"], check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    losses = [float("nan") if x == "null" else float(x) for x in got.split()]
     steps = [read_safetensors(os.path.join(ckpt, "step-%08d.safetensors" % s))[1]
              for s in range(STEPS + 1)]
     return losses, steps
@@ -202,7 +205,11 @@ def committed(ffrun_steps, losses, fails):
 
 
 def main():
-    ffrun = sys.argv[1]
+    positional = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if len(positional) != 2:
+        print("usage: llama_reference.py FFRUN FFPLAN [--committed | --update]")
+        sys.exit(2)
+    ffrun, ffplan = positional
     update = "--update" in sys.argv
     only_committed = "--committed" in sys.argv
     try:
@@ -217,7 +224,7 @@ def main():
         sys.exit(1)
     fails = Failures()
     with tempfile.TemporaryDirectory() as work:
-        losses, steps = run_ffrun(ffrun, work)
+        losses, steps = run_ffrun(ffrun, ffplan, work)
         if have_torch and not only_committed:
             reference(steps, losses, fails, update)
             how = "against PyTorch"

@@ -34,7 +34,7 @@
  * the host only enqueues (NCCL) adds its GPU time after the stream's next synchronisation
  * (device_tp). */
 static void tp_collective(dist *d, float *buf, int64_t n, bool sum) {
-  double t = now();
+  double t = now(), cpu = cpu_now(d);
   float *host = d->tp_stage ? d->tp_stage : buf;
   if (d->tp_stage)
     d->k->to_host(host, buf, (size_t)n * sizeof *buf);
@@ -45,6 +45,7 @@ static void tp_collective(dist *d, float *buf, int64_t n, bool sum) {
   if (d->tp_stage)
     d->k->to_device(buf, host, (size_t)n * sizeof *buf);
   d->t_tp += now() - t;
+  d->c_comm += cpu_now(d) - cpu;
 }
 
 /* After a synchronisation of the compute stream: the GPU time of the collectives enqueued on it
@@ -335,6 +336,7 @@ ff_status ff_train(const ff_plan *plan, const ff_kernels *k, const ff_comm_backe
   if ((st = check_placement(&d)) != FF_OK)
     return st;
   d.throttle = ff_throttle_factor(o, d.rank, &plan->cluster.devices[d.st->ranks[d.t].device]);
+  d.throttle_cpu = d.throttle > 1 && strcmp(k->name, "cpu") == 0;
   ff_diag dg;
   ff_diag_init(&dg, o->data_file);
   st = ff_data_load(&d.data, o->data_file, o->text, plan->model.vocab, plan->model.seq_len, &dg);

@@ -305,7 +305,7 @@ static void grads_final(void *ctx, int first, int n) {
     d->nonfinite = ff_nonfinite_gradient(d->k, d->mr.grads, T + first, n,
                                          d->first_bucket ? d->step : 0);
   d->first_bucket = false;
-  double t0 = now();
+  double t0 = now(), cpu = cpu_now(d);
   if (d->sums_on != d->mr.grads) { /* the host copy of the bucket */
     int64_t a = T[first].offset, b = T[first + n - 1].offset + T[first + n - 1].numel;
     d->k->to_host(d->sums_on + a, d->mr.grads + a, (size_t)(b - a) * sizeof(float));
@@ -322,6 +322,7 @@ static void grads_final(void *ctx, int first, int n) {
       d->c->test(d->sums[i].req);
   }
   d->t_dp += now() - t0;
+  d->c_comm += cpu_now(d) - cpu;
 }
 
 /* Σ g² over a segment of the summed gradients. */

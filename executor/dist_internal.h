@@ -83,6 +83,14 @@ typedef struct dist {
   ff_plan_eval eval; /* the cost model's predictions, for the metrics */
   bool have_eval;
   double throttle;   /* > 1: an emulated slower device (see ff_throttle) */
+  /* The emulation counts processor time (the CPU backend): c_comm is what this step's
+   * communication inside compute (TP collectives, gradient sums started in the backward) took
+   * of it, so that compute is charged its own processor time only. */
+  bool throttle_cpu;
+  double c_comm;
+  /* The least processor time each kind of phase has taken on this rank (FF_PHASE_*): the
+   * emulated device takes throttle × that, a fixed speed, as a real device's is. */
+  double phase_cpu[4];
   /* A backend whose memory the host cannot touch (CUDA) works through host copies: tp_stage
    * for the TP collectives (page-locked, tokens × max(hidden, ...) floats), host_block for the
    * gradient sums and checkpoints (n_params floats). Both NULL on the CPU backend. */
@@ -124,6 +132,23 @@ static inline double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The kinds of phase an emulated device times apart (the last micro-batch's backward also
+ * checks and starts the gradient sums). */
+enum { FF_PHASE_FORWARD, FF_PHASE_BACKWARD, FF_PHASE_LAST_BACKWARD, FF_PHASE_OPTIMIZER };
+
+/* The processor time the throttle counts (0 when it counts none: see dist.throttle_cpu). */
+static inline double cpu_now(const dist *d) { return d->throttle_cpu ? ff_cpu_seconds() : 0; }
+
+/* The processor time an emulated device is charged for a phase of this kind that took `cpu`:
+ * the least any phase of the kind has taken, so that a phase slowed by other work on the
+ * machine (caches, preemption) does not make the device slower by throttle × the delay. */
+static inline double phase_cpu(dist *d, int kind, double cpu) {
+  double *best = &d->phase_cpu[kind];
+  if (!(*best > 0) || cpu < *best)
+    *best = cpu;
+  return *best;
 }
 
 /* dist.c */

@@ -178,14 +178,25 @@ static void exchange(dist *d, int send_dir, int64_t send_j, int recv_dir, int64_
               p2p_tag(recv_j, recv_dir));
 }
 
-/* After a forward or backward begun at t0 (with the step's TP and DP times then): let an
- * asynchronous backend finish, and count the time less the communication as compute. */
-static void compute_done(dist *d, double t0, double tp0, double dp0) {
+/* Where a forward or backward began: the clocks, and the step's communication times then. */
+typedef struct mark {
+  double t, cpu, tp, dp, comm;
+} mark;
+
+static mark mark_now(const dist *d) {
+  return (mark){now(), cpu_now(d), d->t_tp, d->t_dp, d->c_comm};
+}
+
+/* After a forward or backward begun at m: let an asynchronous backend finish, and count the
+ * time less the communication as compute (on an emulated slower device, its time: see
+ * ff_throttle). */
+static void compute_done(dist *d, mark m, int kind) {
   d->k->sync();
   ff_dist_device_tp(d);
-  double spent = now() - t0 - (d->t_tp - tp0) - (d->t_dp - dp0);
-  ff_throttle(d->throttle, spent);
-  d->t_compute += spent * (d->throttle > 1 ? d->throttle : 1);
+  double spent = now() - m.t - (d->t_tp - m.tp) - (d->t_dp - m.dp);
+  double cpu = d->throttle_cpu ? phase_cpu(d, kind, cpu_now(d) - m.cpu - (d->c_comm - m.comm))
+                               : spent;
+  d->t_compute += ff_throttle(d->throttle, spent, cpu);
 }
 
 /* The forward of micro-batch j, whose input (not on the first stage) has arrived. */
@@ -199,20 +210,20 @@ static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, doub
                        in + i * S, tg + i * S);
   const float *x_in = d->st->embedding || d->p2p_device ? NULL : d->recv_buf;
   float *out = staging_free(d, FWD, j);
-  double t0 = now(), tp0 = d->t_tp, dp0 = d->t_dp;
+  mark m = mark_now(d);
   d->mr.last_micro_batch = j == d->pl->micro_batches - 1; /* the head's gradients are final */
   ff_model_rank_forward(&d->mr, slot_of(d, j), b, in, x_in, tg, grad_scale, out, loss);
-  compute_done(d, t0, tp0, dp0);
+  compute_done(d, m, FF_PHASE_FORWARD);
 }
 
 /* The backward of micro-batch j, whose output's gradient (not on the last stage) has arrived. */
 static void run_backward(dist *d, int64_t j) {
   const float *dx_in = d->st->lm_head || d->p2p_device ? NULL : d->recv_buf;
   float *out = staging_free(d, BWD, j);
-  double t0 = now(), tp0 = d->t_tp, dp0 = d->t_dp;
+  mark m = mark_now(d);
   d->mr.last_micro_batch = j == d->pl->micro_batches - 1; /* gradients final, layer by layer */
   ff_model_rank_backward(&d->mr, slot_of(d, j), d->pl->micro_batch_size, dx_in, out);
-  compute_done(d, t0, tp0, dp0);
+  compute_done(d, m, d->mr.last_micro_batch ? FF_PHASE_LAST_BACKWARD : FF_PHASE_BACKWARD);
 }
 
 /* The stage's operations in 1F1B (or GPipe) order, with its transfers paired as Megatron-LM
@@ -259,7 +270,7 @@ static double run_schedule(dist *d, int64_t step) {
  * no rank updates its weights), each of which has said which tensor. */
 double ff_dist_train_step(dist *d, int64_t step, double *norm_out, double *lr_out, int *bad) {
   const ff_training *t = &d->plan->training;
-  d->t_compute = d->t_p2p = d->t_tp = d->t_dp = d->t_opt = 0;
+  d->t_compute = d->t_p2p = d->t_tp = d->t_dp = d->t_opt = d->c_comm = 0;
   d->k->zero(d->mr.grads, (size_t)d->mr.n_params * sizeof(float));
   d->step = step;
   d->first_bucket = true;
@@ -287,6 +298,7 @@ double ff_dist_train_step(dist *d, int64_t step, double *norm_out, double *lr_ou
   if (*bad || !isfinite(sums[0]))
     return sums[0] / (double)(t->global_batch * d->plan->model.seq_len);
   t0 = now();
+  double c0 = cpu_now(d);
   double norm = sqrt(sums[1]);
   double clip = t->grad_clip > 0 && norm > t->grad_clip ? t->grad_clip / norm : 1.0;
   double lr = ff_learning_rate(t, step, t->steps);
@@ -297,7 +309,8 @@ double ff_dist_train_step(dist *d, int64_t step, double *norm_out, double *lr_ou
                 (float)t->eps, x->decay ? (float)t->weight_decay : 0.0f, step, (float)clip);
   }
   ff_model_rank_weights_changed(&d->mr);
-  ff_throttle(d->throttle, now() - t0);
-  d->t_opt = now() - t0;
+  double wall = now() - t0;
+  d->t_opt = ff_throttle(d->throttle, wall,
+                         d->throttle_cpu ? phase_cpu(d, FF_PHASE_OPTIMIZER, cpu_now(d) - c0) : wall);
   return sums[0] / (double)(t->global_batch * d->plan->model.seq_len);
 }

@@ -15,13 +15,22 @@ double ff_throttle_factor(const ff_train_opts *o, int rank, const ff_device *dev
   return device && device->emulated_slowdown > 1 ? device->emulated_slowdown : 1.0;
 }
 
-void ff_throttle(double factor, double seconds) {
-  if (factor <= 1 || seconds <= 0)
-    return;
-  double wait = (factor - 1) * seconds;
+double ff_throttle(double factor, double wall, double cpu) {
+  if (factor <= 1)
+    return wall;
+  double target = factor * cpu, wait = target - wall;
+  if (wait <= 0)
+    return wall;
   struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
   while (nanosleep(&ts, &ts) != 0)
     ;
+  return target;
+}
+
+double ff_cpu_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* The first of the tensors whose gradient holds a non-finite value; grads is the block the

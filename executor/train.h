@@ -34,9 +34,16 @@ typedef enum ff_comm_choice { FF_COMM_AUTO, FF_COMM_MPI, FF_COMM_NCCL } ff_comm_
 /* The emulated slowdown of a rank: --throttle for it, else its device type's
  * emulated_slowdown, else none (1). */
 double ff_throttle_factor(const ff_train_opts *o, int rank, const ff_device *device);
-/* Wait (factor − 1) × `seconds` when factor > 1: what a device that many times slower would have
- * taken longer for work that took `seconds` here. A test and demo device only. */
-void ff_throttle(double factor, double seconds);
+/* An emulated device `factor` times slower than one core of this machine (factor > 1), for work
+ * that took `wall` seconds and `cpu` seconds of this process's processor time: waits until
+ * factor × cpu seconds have passed since the work began and returns the emulated time,
+ * max(wall, factor × cpu). Counting processor time, not wall time, keeps the emulated device's
+ * speed its own when other work shares the machine (time the process spent preempted is not the
+ * device's); pass cpu = wall where the processor time is not the device's (a GPU's work). factor
+ * <= 1: no wait; returns wall. A test and demo device only. */
+double ff_throttle(double factor, double wall, double cpu);
+/* This process's processor time, in seconds (all its threads). */
+double ff_cpu_seconds(void);
 
 /* The first of n_tensors consecutive tensors of a table (in table order) whose gradient (grads:
  * the block their offsets count from, backend memory of k) holds a NaN or an infinity, or NULL. A

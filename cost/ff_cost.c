@@ -480,9 +480,14 @@ ff_attention_time ff_cost_attention_time(const ff_model *m, ff_precision prec, f
   return t;
 }
 
-ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, ff_attention attn,
-                                 const ff_device *dev, ff_shard sh, double b, int tp,
-                                 ff_recompute rc, double tp_allreduce) {
+/* The modelled compute of one layer (forward, backward, and the attention's forward for selective
+ * recompute) for a shard and micro-batch, without TP all-reduces or measured entries. */
+typedef struct layer_model {
+  double fwd, bwd, attn_fwd;
+} layer_model;
+
+static layer_model model_layer(const ff_model *m, ff_precision prec, ff_attention attn,
+                               const ff_device *dev, ff_shard sh, double b) {
   double s = (double)m->seq_len, h = (double)m->hidden, hd = (double)(m->hidden / m->heads);
   double elem = prec == FF_PRECISION_BF16 ? 2.0 : 4.0, tokens = b * s;
   double gemm = ff_time_gemm(dev, prec, tokens, (sh.heads + 2.0 * sh.kv_heads) * hd, h) +
@@ -495,17 +500,69 @@ ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, ff_attent
   double bytes =
       tokens * elem * (4.0 * h + 6.0 * h + 2.0 * (sh.heads + sh.kv_heads) * hd + 3.0 * sh.ffn);
   double memory = ff_time_memory(dev, bytes);
+  return (layer_model){gemm + at.fwd + memory, 2.0 * gemm + at.bwd + 2.0 * memory, at.fwd};
+}
+
+/* Without an entry of exactly (b, tp), the measured layer the model can carry over: one of the
+ * same TP degree (its TP all-reduces included, as this rank's would be), else one of TP 1 (none
+ * included); of those, the micro-batch size nearest b in ratio (the first listed on a tie). */
+static const ff_layer_measure *nearest_layer(const ff_device *dev, const ff_model *m,
+                                             ff_precision prec, double b, int tp) {
+  const ff_layer_measure *best = NULL;
+  double best_d = 0;
+  for (int pass = 0; pass < 2 && !best; pass++) {
+    int want = pass == 0 ? tp : 1;
+    for (int i = 0; i < dev->n_layers; i++) {
+      const ff_layer_measure *l = &dev->layers[i];
+      if (l->precision != prec || l->tp != want || strcmp(l->model, m->name) != 0)
+        continue;
+      double d = fabs(log((double)l->micro_batch_size / b));
+      if (!best || d < best_d)
+        best = l, best_d = d;
+    }
+  }
+  return best;
+}
+
+ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, ff_attention attn,
+                                 const ff_device *dev, ff_shard sh, double b, int tp,
+                                 ff_recompute rc, double tp_allreduce) {
+  layer_model lm = model_layer(m, prec, attn, dev, sh, b);
   ff_layer_time t;
-  t.fwd = gemm + at.fwd + memory;
-  t.bwd = 2.0 * gemm + at.bwd + 2.0 * memory;
-  t.recompute = rc == FF_RECOMPUTE_FULL ? t.fwd : rc == FF_RECOMPUTE_SELECTIVE ? at.fwd : 0.0;
+  t.fwd = lm.fwd;
+  t.bwd = lm.bwd;
+  t.recompute = rc == FF_RECOMPUTE_FULL ? t.fwd : rc == FF_RECOMPUTE_SELECTIVE ? lm.attn_fwd : 0.0;
   t.tp_fwd = 2.0 * tp_allreduce;
   t.tp_bwd = (rc == FF_RECOMPUTE_FULL ? 4.0 : 2.0) * tp_allreduce;
   const ff_layer_measure *ml = measured_layer(dev, m, prec, b, tp);
   if (ml) {
     t.fwd = ml->forward_ms * 1e-3;
     t.bwd = ml->backward_ms * 1e-3;
-    t.recompute = rc == FF_RECOMPUTE_FULL ? t.fwd : rc == FF_RECOMPUTE_SELECTIVE ? at.fwd : 0.0;
+    t.recompute = rc == FF_RECOMPUTE_FULL ? t.fwd
+                  : rc == FF_RECOMPUTE_SELECTIVE ? lm.attn_fwd : 0.0;
+    t.tp_fwd = 0.0;
+    t.tp_bwd = rc == FF_RECOMPUTE_FULL ? 2.0 * tp_allreduce : 0.0;
+    return t;
+  }
+  /* A measured layer of another micro-batch size (or of TP 1), carried over by the model: this
+   * device runs the layer measured/modelled times the model's figure, forward and backward
+   * apart. From TP 1 the reference is the whole layer, and the rank's TP all-reduces are added
+   * as modelled; from the same degree the reference is this shard, the all-reduces inside. */
+  const ff_layer_measure *near = nearest_layer(dev, m, prec, b, tp);
+  if (!near)
+    return t;
+  bool same_tp = near->tp == tp;
+  ff_shard whole = {(double)m->heads, (double)m->kv_heads, (double)m->ffn_hidden, sh.vocab};
+  layer_model ref = model_layer(m, prec, attn, dev, same_tp ? sh : whole,
+                                (double)near->micro_batch_size);
+  if (!(ref.fwd > 0 && ref.bwd > 0))
+    return t;
+  double cf = near->forward_ms * 1e-3 / ref.fwd, cb = near->backward_ms * 1e-3 / ref.bwd;
+  t.fwd = cf * lm.fwd;
+  t.bwd = cb * lm.bwd;
+  t.recompute = rc == FF_RECOMPUTE_FULL ? t.fwd
+                : rc == FF_RECOMPUTE_SELECTIVE ? cf * lm.attn_fwd : 0.0;
+  if (same_tp) {
     t.tp_fwd = 0.0;
     t.tp_bwd = rc == FF_RECOMPUTE_FULL ? 2.0 * tp_allreduce : 0.0;
   }

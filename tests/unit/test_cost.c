@@ -610,6 +610,66 @@ static void measured_layer_times_take_precedence(void **state) {
   ff_diag_free(&d);
 }
 
+/* Without an entry of exactly its micro-batch size and TP degree, a layer is timed from the
+ * nearest measured one of the same model and precision, scaled by the model: measured / modelled
+ * of that entry times the modelled time of this layer, forward and backward apart. An entry of
+ * the same TP degree is preferred (its all-reduces inside, none added); from TP 1 the reference
+ * is the whole layer and the rank's all-reduces are added as modelled. */
+static void measured_layer_times_carry_over_to_other_shapes(void **state) {
+  (void)state;
+  ff_model m = {.layers = 4, .hidden = 512, .heads = 8, .kv_heads = 4, .ffn_hidden = 1376,
+                .vocab = 256, .seq_len = 256};
+  snprintf(m.name, sizeof m.name, "carry");
+  ff_device dev = {.memory_bandwidth_gb_per_s = 900};
+  dev.peak_tflops[FF_DTYPE_FP32] = 20.0;
+  const ff_precision fp32 = FF_PRECISION_FP32;
+  ff_shard whole = {8, 4, 1376, 256}, half = {4, 2, 688, 256};
+  double ar = 1e-4; /* one TP all-reduce */
+  ff_layer_time w1 = ff_cost_layer_time(&m, fp32, FF_ATTENTION_AUTO, &dev, whole, 1, 1,
+                                        FF_RECOMPUTE_NONE, 0);
+  ff_layer_time w2 = ff_cost_layer_time(&m, fp32, FF_ATTENTION_AUTO, &dev, whole, 2, 1,
+                                        FF_RECOMPUTE_NONE, 0);
+  ff_layer_time h2 = ff_cost_layer_time(&m, fp32, FF_ATTENTION_AUTO, &dev, half, 2, 2,
+                                        FF_RECOMPUTE_FULL, ar);
+  ff_layer_measure table[] = {
+      {.precision = FF_PRECISION_FP32, .micro_batch_size = 1, .tp = 1, .forward_ms = 3.0,
+       .backward_ms = 9.0},
+      {.precision = FF_PRECISION_BF16, .micro_batch_size = 2, .tp = 1, .forward_ms = 1.0,
+       .backward_ms = 1.0}, /* another precision: never used for fp32 */
+  };
+  snprintf(table[0].model, sizeof table[0].model, "carry");
+  snprintf(table[1].model, sizeof table[1].model, "carry");
+  dev.layers = table;
+  dev.n_layers = 2;
+  ff_layer_time t = ff_cost_layer_time(&m, fp32, FF_ATTENTION_AUTO, &dev, whole, 1, 1,
+                                       FF_RECOMPUTE_NONE, 0);
+  assert_float_equal(t.fwd, 3e-3, 1e-15); /* the exact entry */
+  assert_float_equal(t.bwd, 9e-3, 1e-15);
+  t = ff_cost_layer_time(&m, fp32, FF_ATTENTION_AUTO, &dev, whole, 2, 1, FF_RECOMPUTE_NONE, 0);
+  assert_float_equal(t.fwd, 3e-3 * w2.fwd / w1.fwd, 1e-12);
+  assert_float_equal(t.bwd, 9e-3 * w2.bwd / w1.bwd, 1e-12);
+  t = ff_cost_layer_time(&m, fp32, FF_ATTENTION_AUTO, &dev, half, 2, 2, FF_RECOMPUTE_FULL, ar);
+  assert_float_equal(t.fwd, 3e-3 * h2.fwd / w1.fwd, 1e-12); /* from TP 1: the whole layer */
+  assert_float_equal(t.bwd, 9e-3 * h2.bwd / w1.bwd, 1e-12);
+  assert_float_equal(t.recompute, t.fwd, 0);
+  assert_float_equal(t.tp_fwd, 2 * ar, 0); /* all-reduces modelled: none was measured */
+  assert_float_equal(t.tp_bwd, 4 * ar, 0);
+  table[1] = (ff_layer_measure){.precision = FF_PRECISION_FP32, .micro_batch_size = 1, .tp = 2,
+                                .forward_ms = 2.0, .backward_ms = 5.0};
+  snprintf(table[1].model, sizeof table[1].model, "carry");
+  ff_layer_time h1 = ff_cost_layer_time(&m, fp32, FF_ATTENTION_AUTO, &(ff_device){
+      .memory_bandwidth_gb_per_s = 900, .peak_tflops[FF_DTYPE_FP32] = 20.0}, half, 1, 2,
+      FF_RECOMPUTE_FULL, ar);
+  t = ff_cost_layer_time(&m, fp32, FF_ATTENTION_AUTO, &dev, half, 2, 2, FF_RECOMPUTE_FULL, ar);
+  assert_float_equal(t.fwd, 2e-3 * h2.fwd / h1.fwd, 1e-12); /* the same degree first */
+  assert_float_equal(t.bwd, 5e-3 * h2.bwd / h1.bwd, 1e-12);
+  assert_float_equal(t.tp_fwd, 0, 0); /* inside the measurement */
+  assert_float_equal(t.tp_bwd, 2 * ar, 0); /* the recompute's, as for an exact entry */
+  snprintf(m.name, sizeof m.name, "other");
+  t = ff_cost_layer_time(&m, fp32, FF_ATTENTION_AUTO, &dev, half, 2, 2, FF_RECOMPUTE_FULL, ar);
+  assert_float_equal(t.fwd, h2.fwd, 0); /* another model's entries: the model alone */
+}
+
 /* GEMM efficiency from a device's table: the exact shape when listed; else linear in the log of
  * the geometric mean size between the nearest sizes, flat beyond the ends; bf16 training reads
  * fp16 entries on a device without bf16 ones. A measured streaming bandwidth replaces 0.8 of the
@@ -717,6 +777,7 @@ int main(void) {
       cmocka_unit_test(attention_is_timed_as_its_kernel_runs_it),
       cmocka_unit_test(megatron_attention_passes_over_every_score),
       cmocka_unit_test(measured_layer_times_take_precedence),
+      cmocka_unit_test(measured_layer_times_carry_over_to_other_shapes),
       cmocka_unit_test(gemm_efficiency_is_interpolated_between_measured_sizes),
       cmocka_unit_test(gradient_sums_leaving_a_node_share_its_nics),
       cmocka_unit_test(a_boundary_moves_each_element_once),

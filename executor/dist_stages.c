@@ -310,7 +310,7 @@ double ff_dist_train_step(dist *d, int64_t step, double *norm_out, double *lr_ou
   }
   ff_model_rank_weights_changed(&d->mr);
   double wall = now() - t0;
-  d->t_opt = ff_throttle(d->throttle, wall,
-                         d->throttle_cpu ? phase_cpu(d, FF_PHASE_OPTIMIZER, cpu_now(d) - c0) : wall);
+  double cpu = d->throttle_cpu ? phase_cpu(d, FF_PHASE_OPTIMIZER, cpu_now(d) - c0) : wall;
+  d->t_opt = ff_throttle(d->throttle, wall, cpu);
   return sums[0] / (double)(t->global_batch * d->plan->model.seq_len);
 }

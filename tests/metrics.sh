@@ -8,7 +8,8 @@
 losses_compare() {
   local f a b
   for f in "$1" "$2"; do
-    [ -s "$f" ] || { echo "no metrics: $f was not written (see the .err/.log beside it)"; return 1; }
+    [ -s "$f" ] ||
+      { echo "no metrics: $f was not written (see the .err/.log beside it)"; return 1; }
   done
   a=$("$ffplan" metrics "$1" --get loss 2>&1) || { echo "$a"; return 1; }
   b=$("$ffplan" metrics "$2" --get loss 2>&1) || { echo "$b"; return 1; }

@@ -136,19 +136,23 @@ expect_grep "$tmp/out" "3 steps (1 to 3) on 1 rank" "the summary counts the step
 expect_grep "$tmp/out" "predicted .* %)" "the summary sets the prediction against the run"
 expect_status 0 "ffplan metrics --get" "$ffplan" metrics "$tmp/run.jsonl" --get step,loss,ranks
 checks=$((checks + 1))
-python3 - "$tmp/run.jsonl" "$tmp/out" <<'PY' || { echo "FAIL: --get differs from the file"; failures=$((failures + 1)); }
+if ! python3 - "$tmp/run.jsonl" "$tmp/out" <<'PY'; then
 import json, sys
 want = [(j["step"], j["loss"], j["ranks"]) for j in map(json.loads, open(sys.argv[1]))]
 got = [tuple(f(x) for f, x in zip((int, float, int), l.split("\t"))) for l in open(sys.argv[2])]
 sys.exit(0 if got == want else 1)
 PY
+  echo "FAIL: --get differs from the file"
+  failures=$((failures + 1))
+fi
 expect_status 0 "ffplan metrics --stages" "$ffplan" metrics "$tmp/run.jsonl" --stages \
   --get step,pipeline,stage,predicted_memory_gib
 checks=$((checks + 1))
 awk -F '\t' 'NF != 4 || $4 <= 0 { bad = 1 } END { exit bad || NR != 3 }' "$tmp/out" ||
   { echo "FAIL: --stages: expected 3 rows with a predicted memory"; failures=$((failures + 1)); }
 expect_status 2 "ffplan metrics --get an unknown key" "$ffplan" metrics "$tmp/run.jsonl" --get lose
-expect_grep "$tmp/err" "lose: not a key of a metrics line; the keys: step" "the unknown key is named"
+expect_grep "$tmp/err" "lose: not a key of a metrics line; the keys: step" \
+  "the unknown key is named"
 expect_status 2 "ffplan metrics --stages without --get" "$ffplan" metrics "$tmp/run.jsonl" --stages
 sed '2s/"loss": [^,]*/"loss": "low"/' "$tmp/run.jsonl" >"$tmp/bad.jsonl"
 expect_status 2 "ffplan metrics on a bad line" "$ffplan" metrics "$tmp/bad.jsonl" --get loss

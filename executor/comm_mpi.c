@@ -95,7 +95,7 @@ static void allreduce_max(ff_group *g, float *buf, int64_t n) {
  * through a pipeline's bubble takes the processor from the ranks it waits for, and they from
  * each other. So: poll for 100 µs (a transfer or sum whose peer is there), then sleep 50 µs
  * between polls. Open MPI moves the operations on inside MPI_Testall. */
-static void patient_wait(int n, MPI_Request *r) {
+void ff_mpi_patient_wait(int n, MPI_Request *r) {
   int done = 0;
   MPI_Testall(n, r, &done, MPI_STATUSES_IGNORE);
   if (done)
@@ -119,7 +119,7 @@ static void allreduce_sum_f64(ff_group *g, double *buf, int64_t n) {
     int part = n - at > piece() ? (int)piece() : (int)(n - at);
     MPI_Request r;
     MPI_Iallreduce(MPI_IN_PLACE, buf + at, part, MPI_DOUBLE, MPI_SUM, g->comm, &r);
-    patient_wait(1, &r);
+    ff_mpi_patient_wait(1, &r);
   }
 }
 
@@ -178,7 +178,7 @@ void ff_mpi_recv(void *buf, size_t bytes, int src, int tag) {
     MPI_Request r;
     MPI_Irecv(p + (size_t)i * (size_t)piece(), (int)piece_bytes(bytes, i), MPI_BYTE, src, tag,
               MPI_COMM_WORLD, &r);
-    patient_wait(1, &r);
+    ff_mpi_patient_wait(1, &r);
   }
 }
 
@@ -191,7 +191,7 @@ static void request_free(ff_request *r) {
 void ff_mpi_wait(ff_request *r) {
   if (!r)
     return;
-  patient_wait(r->n, r->mpi);
+  ff_mpi_patient_wait(r->n, r->mpi);
   request_free(r);
 }
 

@@ -27,6 +27,9 @@ void ff_mpi_allreduce(MPI_Comm c, void *buf, int64_t n, MPI_Datatype type, size_
 ff_request *ff_mpi_isend(const void *buf, size_t bytes, int dst, int tag);
 void ff_mpi_recv(void *buf, size_t bytes, int src, int tag);
 void ff_mpi_wait(ff_request *r);
+/* Waits for n requests, polling for 100 µs and then sleeping 50 µs between polls, so that a long
+ * wait leaves the processor to the ranks being waited for. */
+void ff_mpi_patient_wait(int n, MPI_Request *r);
 bool ff_mpi_test(ff_request *r);
 /* A started in-place sum over host memory, in pieces MPI's int counts can hold. */
 ff_request *ff_mpi_iallreduce_sum(MPI_Comm c, float *buf, int64_t n);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "comm_mpi_ops.h"
 #include "ff_gpu.h"
 #include "ff_json.h"
 #include "model.h"
@@ -107,10 +108,7 @@ static void read_identity(measure *m) {
 static void idle_barrier(void) {
   MPI_Request req;
   MPI_Ibarrier(MPI_COMM_WORLD, &req);
-  int done = 0;
-  struct timespec pause = {0, 200000};
-  for (MPI_Test(&req, &done, MPI_STATUS_IGNORE); !done; MPI_Test(&req, &done, MPI_STATUS_IGNORE))
-    nanosleep(&pause, NULL);
+  ff_mpi_patient_wait(1, &req);
 }
 
 static void measure_compute(measure *m, const ff_kernels *k, const ff_model *model) {

@@ -11,16 +11,19 @@
 #include "ff_metrics.h"
 #include "ffplan_cmds.h"
 
+/* A column: a double at offset, an int64_t at offset, or the step's number. */
+typedef enum { REAL, INTEGER, STEP } column_kind;
+
 typedef struct column {
   const char *key;
   size_t offset;
-  bool integer;
+  column_kind kind;
 } column;
 
-#define COL(k) {#k, offsetof(ff_metrics_step, k), false}
+#define COL(k) {#k, offsetof(ff_metrics_step, k), REAL}
 static const column columns[] = {
-    {"step", offsetof(ff_metrics_step, step), true},
-    {"ranks", offsetof(ff_metrics_step, ranks), true},
+    {"step", 0, STEP},
+    {"ranks", offsetof(ff_metrics_step, ranks), INTEGER},
     COL(loss),
     COL(lr),
     COL(grad_norm),
@@ -39,11 +42,11 @@ static const column columns[] = {
     COL(predicted_memory_gib),
 };
 #undef COL
-#define S_COL(k) {#k, offsetof(ff_metrics_stage, k), false}
+#define S_COL(k) {#k, offsetof(ff_metrics_stage, k), REAL}
 static const column stage_columns[] = {
-    {"step", 0, true}, /* the step's, not the stage's */
-    {"pipeline", offsetof(ff_metrics_stage, pipeline), true},
-    {"stage", offsetof(ff_metrics_stage, stage), true},
+    {"step", 0, STEP}, /* the step's, not the stage's */
+    {"pipeline", offsetof(ff_metrics_stage, pipeline), INTEGER},
+    {"stage", offsetof(ff_metrics_stage, stage), INTEGER},
     S_COL(compute_seconds),
     S_COL(p2p_seconds),
     S_COL(tp_seconds),
@@ -99,8 +102,10 @@ static void print_row(table t, const void *base, int64_t step, const int *picked
   for (int k = 0; k < n; k++) {
     const column *c = &t.col[picked[k]];
     const char *p = (const char *)base + c->offset;
-    if (c->integer)
-      printf("%lld", (long long)(strcmp(c->key, "step") == 0 ? step : *(const int64_t *)p));
+    if (c->kind == STEP)
+      printf("%lld", (long long)step);
+    else if (c->kind == INTEGER)
+      printf("%lld", (long long)*(const int64_t *)p);
     else if (isfinite(*(const double *)p))
       printf("%.17g", *(const double *)p);
     else

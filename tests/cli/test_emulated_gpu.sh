@@ -56,8 +56,11 @@ PY
 # losses A B TOL: the per-step losses of two metrics files agree to relative TOL
 . tests/metrics.sh
 losses() {
-  echo "  ${2##*/}: $(losses_compare "$@")"
-  losses_compare "$@" >/dev/null
+  local detail rc
+  detail=$(losses_compare "$@")
+  rc=$?
+  echo "  ${2##*/}: $detail"
+  return $rc
 }
 
 run() { # plan backend metrics [ranks [comm]]

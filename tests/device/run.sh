@@ -111,9 +111,8 @@ part 1 && for attention in fused gemm tensor; do
   done
 done
 
-# losses A B TOL: the per-step losses of two metrics files agree to relative TOL (tests/metrics.sh)
+# losses_compare A B TOL: the per-step losses of two metrics files agree to relative TOL
 . tests/metrics.sh
-losses() { losses_compare "$@"; }
 
 # ---- 2. training curves ------------------------------------------------------------------------
 part 2 && say "20 steps, CPU against GPU"
@@ -125,7 +124,7 @@ part 2 && for prec in fp32 bf16; do
   run20=("$ffrun" "$plan" --text LICENSE --steps 20 --quiet)
   "${run20[@]}" --backend cpu --metrics "$out/cpu-$prec.jsonl" &&
     "${run20[@]}" --backend $backend --metrics "$out/gpu-$prec.jsonl" 2>"$out/gpu-$prec.err"
-  detail=$(losses "$out/cpu-$prec.jsonl" "$out/gpu-$prec.jsonl" $tol) && r=pass || r=FAIL
+  detail=$(losses_compare "$out/cpu-$prec.jsonl" "$out/gpu-$prec.jsonl" $tol) && r=pass || r=FAIL
   row "2. 20 steps GPU vs CPU ($prec, default attention)" $r "$detail"
   for attention in fused gemm tensor; do
     [ $attention = fused ] && [ $prec = fp32 ] && continue # the default there
@@ -133,7 +132,7 @@ part 2 && for prec in fp32 bf16; do
     [ $attention = gemm ] && [ $prec = bf16 ] && continue   # the default there
     m=$out/gpu-$prec-$attention
     FF_ATTENTION=$attention "${run20[@]}" --backend $backend --metrics "$m.jsonl" 2>"$m.err"
-    detail=$(losses "$out/cpu-$prec.jsonl" "$m.jsonl" $tol) && r=pass || r=FAIL
+    detail=$(losses_compare "$out/cpu-$prec.jsonl" "$m.jsonl" $tol) && r=pass || r=FAIL
     row "2. 20 steps GPU vs CPU ($prec, attention $attention)" $r "$detail"
   done
 done
@@ -145,7 +144,7 @@ $ffrun tests/plans/one-rank.json --text LICENSE --steps 5 --quiet --backend $bac
   --metrics "$out/one-gpu.jsonl" 2>"$out/one-gpu.err"
 timeout 180 mpirun -np 4 $ffrun tests/device/dp-pp-tp-4rank.json --text LICENSE --steps 5 --quiet \
   --backend $backend --metrics "$out/four-gpu.jsonl" >"$out/four-gpu.log" 2>&1
-detail=$(losses "$out/one-gpu.jsonl" "$out/four-gpu.jsonl" 1e-4) && r=pass || r=FAIL
+detail=$(losses_compare "$out/one-gpu.jsonl" "$out/four-gpu.jsonl" 1e-4) && r=pass || r=FAIL
 row "3. 4-rank DP+PP+uneven TP = 1 rank (GPU)" $r "$detail"
 
 if [ -n "$rehearsal" ]; then
@@ -154,7 +153,7 @@ else
   say "NCCL on one rank"
   timeout 120 mpirun -np 1 $ffrun tests/plans/one-rank.json --text LICENSE --steps 5 --quiet \
     --backend cuda --comm nccl --metrics "$out/nccl-1.jsonl" >"$out/nccl-1.log" 2>&1
-  detail=$(losses "$out/one-gpu.jsonl" "$out/nccl-1.jsonl" 1e-6) && r=pass || r=FAIL
+  detail=$(losses_compare "$out/one-gpu.jsonl" "$out/nccl-1.jsonl" 1e-6) && r=pass || r=FAIL
   row "3b. --comm nccl, 1 rank (bootstrap, splits, watchdog)" $r "$detail"
 fi
 fi

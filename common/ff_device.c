@@ -133,6 +133,11 @@ ff_status ff_device_from_json(const cJSON *v, const char *path, bool inline_ok, 
   ok &= ff_jobj_text(&o, "source", true, 4096, &out->source);
   if (ff_jobj_get(&o, "emulated_slowdown", false))
     ok &= ff_jobj_num(&o, "emulated_slowdown", false, FF_CLOSED(1, 1000), &out->emulated_slowdown);
+  if (ff_jobj_get(&o, "kind", false)) {
+    int kind = 0;
+    ok &= ff_jobj_enum(&o, "kind", false, ff_device_kind_names, &kind);
+    out->cpu = kind == 1;
+  }
 
   const cJSON *measured = ff_jobj_get(&o, "measured", false);
   if (measured) {
@@ -194,6 +199,8 @@ cJSON *ff_device_to_json(const ff_device *dev, bool with_format) {
     cJSON_AddStringToObject(o, "source", dev->source);
   if (dev->emulated_slowdown > 0)
     cJSON_AddNumberToObject(o, "emulated_slowdown", dev->emulated_slowdown);
+  if (dev->cpu)
+    cJSON_AddStringToObject(o, "kind", ff_device_kind_names[1]);
   if (dev->has_measured) {
     cJSON *m = cJSON_AddObjectToObject(o, "measured");
     if (dev->measured_source)

@@ -14,6 +14,7 @@ const char *const ff_format_ids[FF_FORMAT_COUNT] = {"ff-device/1", "ff-cluster/1
                                                     "ff-training/1", "ff-plan/1"};
 const char *const ff_dtype_names[] = {"bf16", "fp16", "tf32", "fp32", NULL};
 const char *const ff_precision_names[] = {"bf16", "fp32", NULL};
+const char *const ff_device_kind_names[] = {"gpu", "cpu", NULL};
 const char *const ff_recompute_names[] = {"none", "selective", "full", "auto", NULL};
 const char *const ff_schedule_names[] = {"1f1b", "gpipe", NULL};
 const char *const ff_attention_names[] = {"auto", "tensor", "fused", "gemm", "megatron",

@@ -57,6 +57,7 @@ typedef enum ff_decay { FF_DECAY_COSINE, FF_DECAY_LINEAR, FF_DECAY_CONSTANT } ff
 
 extern const char *const ff_dtype_names[];      /* NULL-terminated */
 extern const char *const ff_precision_names[];
+extern const char *const ff_device_kind_names[]; /* "gpu", "cpu" */
 extern const char *const ff_recompute_names[];
 extern const char *const ff_schedule_names[];
 extern const char *const ff_attention_names[];
@@ -85,6 +86,7 @@ typedef struct ff_device {
   double peak_tflops[FF_DTYPE_COUNT]; /* 0: the device has no such unit */
   double runtime_reserve_gib;
   double emulated_slowdown; /* ≥ 1 on an emulated device (tests and demos), else 0 (absent) */
+  bool cpu; /* "kind": "cpu": ranks train on the CPU backend and talk over MPI */
   bool has_measured;
   double measured_memory_gb_per_s; /* achieved streaming bandwidth, 0 when not measured */
   char *measured_source;           /* where the measurements come from, or NULL */

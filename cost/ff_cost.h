@@ -173,24 +173,33 @@ double ff_mem_logits_bytes(const ff_model *m, ff_shard sh, double b, ff_precisio
 
 /* ---- the pipeline simulator ------------------------------------------------------------- */
 
+/* How a stage's transfers to its neighbours run (docs/executor.md, "Stage boundaries"):
+ * PAIRED, as ffrun's NCCL path runs them: an exchange between two operations is one batch whose
+ * transfers start when both of their ends have reached them and hold both stages until done.
+ * OVERLAPPED, as its MPI path (CPU ranks) runs them: sends leave without holding the sender; each
+ * receive is posted when the buffer it fills comes free (two buffers per direction: the receive
+ * of micro-batch j is posted when the operation that used j − 2 ends, or as the step begins),
+ * travels once it is both sent and posted and the link (one transfer at a time per boundary and
+ * direction) is free, and holds only the receiver, until it has arrived. */
+typedef enum ff_transfers { FF_TRANSFERS_PAIRED, FF_TRANSFERS_OVERLAPPED } ff_transfers;
+
 /* Event simulation of one pipeline of p stages and m micro-batches as ffrun runs it (cost/ff_sim.c,
  * docs/cost-model.md §6): 1F1B (Narayanan et al. SC'21; warm-up min(p−i−1, m) forwards on stage
- * i) or GPipe (all forwards, then all backwards), with a blocking exchange between two operations
- * whose transfers start when both of their ends have reached them and hold both until done.
- * fwd[i], bwd[i]: seconds per micro-batch on stage i; send_fwd[i], send_bwd[i]: seconds to move
- * activations / gradients across boundary i→i+1 (p−1 entries, may be NULL for none). Returns the
- * pipeline's makespan (−1 when out of memory); optional outputs: finish[i] (when stage i ends its
- * last operation), busy[i] (compute seconds), and peak[i] (most micro-batches whose activations
- * stage i holds at once). */
-double ff_sim_pipeline(ff_schedule schedule, int p, int64_t m, const double *fwd,
-                       const double *bwd, const double *send_fwd, const double *send_bwd,
-                       double *finish, double *busy, int64_t *peak);
+ * i) or GPipe (all forwards, then all backwards), with the stage transfers between two operations
+ * run as `transfers` says. fwd[i], bwd[i]: seconds per micro-batch on stage i; send_fwd[i],
+ * send_bwd[i]: seconds to move activations / gradients across boundary i→i+1 (p−1 entries, may
+ * be NULL for none). Returns the pipeline's makespan (−1 when out of memory); optional outputs:
+ * finish[i] (when stage i ends its last operation), busy[i] (compute seconds), and peak[i] (most
+ * micro-batches whose activations stage i holds at once). */
+double ff_sim_pipeline(ff_schedule schedule, ff_transfers transfers, int p, int64_t m,
+                       const double *fwd, const double *bwd, const double *send_fwd,
+                       const double *send_bwd, double *finish, double *busy, int64_t *peak);
 /* Called for each forward or backward, in the order the simulation runs them. */
 typedef void (*ff_sim_observer)(void *ctx, int stage, int64_t micro_batch, bool backward,
                                 double start, double end);
 /* ff_sim_pipeline, telling observe (when not NULL) each operation's start and end. */
-double ff_sim_pipeline_observed(ff_schedule schedule, int p, int64_t m, const double *fwd,
-                                const double *bwd, const double *send_fwd,
+double ff_sim_pipeline_observed(ff_schedule schedule, ff_transfers transfers, int p, int64_t m,
+                                const double *fwd, const double *bwd, const double *send_fwd,
                                 const double *send_bwd, double *finish, double *busy,
                                 int64_t *peak, ff_sim_observer observe, void *ctx);
 /* (m−1)·max tᵢ + Σ tᵢ with tᵢ = fwd[i] + bwd[i]: exact for equal stages, an upper bound for
@@ -234,6 +243,7 @@ typedef struct ff_pipeline_eval {
 } ff_pipeline_eval;
 
 typedef struct ff_plan_eval {
+  ff_transfers transfers; /* overlapped when a rank is on a CPU device (ffrun's MPI path) */
   double iteration_seconds, tokens_per_second, mfu, hfu;
   double model_flops_per_iteration, hardware_flops_per_iteration, peak_flops_sum;
   double pipeline_seconds, dp_exposed_seconds, optimizer_seconds;
@@ -250,6 +260,9 @@ typedef struct ff_plan_eval {
   int64_t n_ranks;
 } ff_plan_eval;
 
+/* How ffrun will run the plan's stage transfers: overlapped (its MPI path) when a rank is on a
+ * device of kind cpu, else paired (NCCL, every rank on a GPU). */
+ff_transfers ff_plan_transfers(const ff_plan *plan);
 /* Evaluate a plan: per-rank memory and time, per-stage times, 1F1B (or GPipe) simulation of each
  * pipeline, DP synchronisation, optimizer step, MFU and HFU. */
 ff_status ff_evaluate_plan(const ff_plan *plan, ff_plan_eval *out);

@@ -111,6 +111,17 @@ static const ff_plan_rank *dp_peer(const ff_plan *plan, int q, const ff_plan_sta
   return &match->ranks[0];
 }
 
+ff_transfers ff_plan_transfers(const ff_plan *plan) {
+  for (int p = 0; p < plan->n_pipelines; p++)
+    for (int s = 0; s < plan->pipelines[p].n_stages; s++) {
+      const ff_plan_stage *st = &plan->pipelines[p].stages[s];
+      for (int t = 0; t < st->n_ranks; t++)
+        if (plan->cluster.devices[plan->cluster.nodes[st->ranks[t].node].device].cpu)
+          return FF_TRANSFERS_OVERLAPPED;
+    }
+  return FF_TRANSFERS_PAIRED;
+}
+
 static ff_status eval_alloc(const ff_plan *plan, ff_plan_eval *e) {
   memset(e, 0, sizeof *e);
   e->n_pipelines = plan->n_pipelines;
@@ -174,11 +185,10 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
         tp_bwd += tp_allreduce;
       }
     }
-    if (st->lm_head) {
+    if (st->lm_head) { /* ffrun runs the head's backward in the forward, as the loss is known */
       double head = ff_time_gemm(dev, tr->precision, b * sq, sh.vocab, h);
       double softmax = ff_time_memory(dev, 3.0 * b * sq * sh.vocab * 4.0);
-      fwd += head + softmax;
-      bwd += 2.0 * head + softmax;
+      fwd += 3.0 * head + 2.0 * softmax;
     }
     re->compute_fwd_seconds = fwd;
     re->compute_bwd_seconds = bwd;
@@ -289,8 +299,8 @@ static ff_status eval_pipeline(const ff_plan *plan, int p, ff_plan_eval *e) {
   double *f = buf, *b = buf + n, *sf = buf + 2 * n, *sb = buf + 3 * n, *fin = buf + 4 * n,
          *busy = buf + 5 * n;
   ff_stage_sim_inputs(pe, n, buf);
-  pe->seconds = ff_sim_pipeline(plan->training.schedule, n, pl->micro_batches, f, b, sf, sb, fin,
-                                busy, peak);
+  pe->seconds = ff_sim_pipeline(plan->training.schedule, e->transfers, n, pl->micro_batches, f, b,
+                                sf, sb, fin, busy, peak);
   if (pe->seconds < 0) {
     free(buf), free(peak);
     return FF_ERR_RUNTIME;
@@ -430,6 +440,7 @@ ff_status ff_evaluate_plan(const ff_plan *plan, ff_plan_eval *out) {
     return FF_ERR_RUNTIME;
   }
   int n_nodes = plan->cluster.n_nodes;
+  out->transfers = ff_plan_transfers(plan);
   nic_flows flows = {per_node, per_node + n_nodes, per_node + 2 * n_nodes};
   count_boundary_flows(plan, &flows, per_node + 3 * n_nodes, per_node + 4 * n_nodes);
   for (int p = 0; p < plan->n_pipelines; p++)

@@ -66,6 +66,7 @@ typedef struct post {
 
 typedef struct sim {
   ff_schedule schedule;
+  ff_transfers transfers;
   int p;
   int64_t m;
   const double *fwd, *bwd, *send_fwd, *send_bwd;
@@ -79,6 +80,11 @@ typedef struct sim {
   int64_t barrier; /* stages stop before starting steady round `barrier` (INT64_MAX: never) */
   double *free_at;
   int64_t *held, *peak, *done;
+  /* overlapped transfers: when micro-batch j left across boundary k in direction dir
+   * (sent[(k·2 + dir)·m + j], NaN until then), when the receive of j was posted
+   * (posted_at[(i·2 + dir)·2 + j mod 2] on the receiving stage i: its two buffers), and when the
+   * link of boundary k and direction dir is free again */
+  double *sent, *posted_at, *link_free;
 } sim;
 
 static int64_t warmup(const sim *s, int i) {
@@ -184,6 +190,44 @@ static void push(sim *s, int i) {
   }
 }
 
+/* An exchange with overlapped transfers: what stage i sends leaves now without holding it;
+ * what it receives was posted when its buffer last came free, travels once both ends are ready
+ * and the link is free, and holds the stage until it has arrived. False while something to
+ * receive has not been sent yet. */
+static bool exchange_overlapped(sim *s, int i, const item *it) {
+  for (int t = 0; t < it->n; t++) {
+    const xfer *x = &it->x[t];
+    if (x->side != SENDER)
+      continue;
+    double *at = &s->sent[((size_t)x->k * 2 + (size_t)x->dir) * (size_t)s->m + (size_t)x->j];
+    if (isnan(*at)) {
+      *at = s->free_at[i];
+      push(s, x->dir == FWD ? x->k + 1 : x->k); /* the receiver may be waiting for it */
+    }
+  }
+  double end = s->free_at[i];
+  for (int t = 0; t < it->n; t++) {
+    const xfer *x = &it->x[t];
+    if (x->side != RECEIVER)
+      continue;
+    size_t ch = (size_t)x->k * 2 + (size_t)x->dir;
+    double sent = s->sent[ch * (size_t)s->m + (size_t)x->j];
+    if (isnan(sent))
+      return false;
+    double posted = s->posted_at[((size_t)i * 2 + (size_t)x->dir) * 2 + (size_t)(x->j % 2)];
+    double start = sent > posted ? sent : posted;
+    if (s->link_free[ch] > start)
+      start = s->link_free[ch];
+    const double *cost = x->dir == FWD ? s->send_fwd : s->send_bwd;
+    double arrive = start + (cost ? cost[x->k] : 0.0);
+    s->link_free[ch] = arrive;
+    if (arrive > end)
+      end = arrive;
+  }
+  s->free_at[i] = end;
+  return true;
+}
+
 /* Run stage i until it is done or waits on an exchange its partner has not reached. */
 static void advance(sim *s, int i) {
   item *it = &s->it[i];
@@ -203,6 +247,15 @@ static void advance(sim *s, int i) {
         s->peak[i] = s->held[i];
       if (s->observe)
         s->observe(s->ctx, i, it->j, bwd, start, s->free_at[i]);
+      if (s->transfers == FF_TRANSFERS_OVERLAPPED && (bwd ? i < s->p - 1 : i > 0))
+        /* the op has used its received buffer: the receive two micro-batches on is posted */
+        s->posted_at[((size_t)i * 2 + bwd) * 2 + (size_t)(it->j % 2)] = s->free_at[i];
+      s->has_item[i] = false;
+      continue;
+    }
+    if (s->transfers == FF_TRANSFERS_OVERLAPPED) {
+      if (!exchange_overlapped(s, i, it))
+        return; /* queued again when the sender has sent */
       s->has_item[i] = false;
       continue;
     }
@@ -291,13 +344,13 @@ static bool skip_steady_rounds(sim *s) {
   return true;
 }
 
-double ff_sim_pipeline_observed(ff_schedule schedule, int p, int64_t m, const double *fwd,
-                                const double *bwd, const double *send_fwd,
+double ff_sim_pipeline_observed(ff_schedule schedule, ff_transfers transfers, int p, int64_t m,
+                                const double *fwd, const double *bwd, const double *send_fwd,
                                 const double *send_bwd, double *finish, double *busy,
                                 int64_t *peak, ff_sim_observer observe, void *ctx) {
   size_t n = (size_t)p, boundaries = n > 1 ? n - 1 : 1;
-  sim s = {.schedule = schedule, .p = p, .m = m, .fwd = fwd, .bwd = bwd, .send_fwd = send_fwd,
-           .send_bwd = send_bwd, .observe = observe, .ctx = ctx};
+  sim s = {.schedule = schedule, .transfers = transfers, .p = p, .m = m, .fwd = fwd, .bwd = bwd,
+           .send_fwd = send_fwd, .send_bwd = send_bwd, .observe = observe, .ctx = ctx};
   s.posts = malloc(boundaries * 2 * SLOTS * sizeof *s.posts);
   s.cur = calloc(n, sizeof *s.cur);
   s.it = calloc(n, sizeof *s.it);
@@ -305,8 +358,21 @@ double ff_sim_pipeline_observed(ff_schedule schedule, int p, int64_t m, const do
   s.stack = malloc(n * sizeof *s.stack);
   s.free_at = calloc(n, sizeof *s.free_at);
   s.held = calloc(3 * n, sizeof *s.held);
+  bool overlap = transfers == FF_TRANSFERS_OVERLAPPED;
+  if (overlap) {
+    size_t sent = boundaries * 2 * (size_t)m, posted = n * 4, links = boundaries * 2;
+    s.sent = malloc((sent + posted + links) * sizeof *s.sent);
+    if (s.sent) {
+      s.posted_at = s.sent + sent, s.link_free = s.posted_at + posted;
+      for (size_t q = 0; q < sent; q++)
+        s.sent[q] = NAN;
+      for (size_t q = 0; q < posted + links; q++)
+        s.posted_at[q] = 0.0; /* the first two receives are posted as the step begins */
+    }
+  }
   double makespan = -1.0;
-  if (!s.posts || !s.cur || !s.it || !s.has_item || !s.stack || !s.free_at || !s.held)
+  if (!s.posts || !s.cur || !s.it || !s.has_item || !s.stack || !s.free_at || !s.held ||
+      (overlap && !s.sent))
     goto out;
   s.posted = s.has_item + n, s.queued = s.has_item + 2 * n;
   s.peak = s.held + n, s.done = s.held + 2 * n;
@@ -315,7 +381,7 @@ double ff_sim_pipeline_observed(ff_schedule schedule, int p, int64_t m, const do
   for (int i = 0; i < p; i++)
     s.cur[i].w = warmup(&s, i);
   s.barrier = INT64_MAX;
-  if (!observe && schedule == FF_SCHEDULE_1F1B && !skip_steady_rounds(&s))
+  if (!observe && !overlap && schedule == FF_SCHEDULE_1F1B && !skip_steady_rounds(&s))
     goto out;
   run(&s);
   makespan = 0.0;
@@ -335,15 +401,15 @@ double ff_sim_pipeline_observed(ff_schedule schedule, int p, int64_t m, const do
   }
 out:
   free(s.posts), free(s.cur), free(s.it), free(s.has_item), free(s.stack), free(s.free_at);
-  free(s.held);
+  free(s.held), free(s.sent);
   return makespan;
 }
 
-double ff_sim_pipeline(ff_schedule schedule, int p, int64_t m, const double *fwd,
-                       const double *bwd, const double *send_fwd, const double *send_bwd,
-                       double *finish, double *busy, int64_t *peak) {
-  return ff_sim_pipeline_observed(schedule, p, m, fwd, bwd, send_fwd, send_bwd, finish, busy, peak,
-                                  NULL, NULL);
+double ff_sim_pipeline(ff_schedule schedule, ff_transfers transfers, int p, int64_t m,
+                       const double *fwd, const double *bwd, const double *send_fwd,
+                       const double *send_bwd, double *finish, double *busy, int64_t *peak) {
+  return ff_sim_pipeline_observed(schedule, transfers, p, m, fwd, bwd, send_fwd, send_bwd, finish,
+                                  busy, peak, NULL, NULL);
 }
 
 double ff_sim_closed_form(int p, int64_t m, const double *fwd, const double *bwd) {

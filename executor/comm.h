@@ -51,9 +51,10 @@ typedef struct ff_comm_backend {
   /* recv(n) = the group's sum of the block of send(n · size) that belongs to this rank */
   void (*reduce_scatter_sum)(ff_group *g, const float *send, float *recv, int64_t n);
   void (*bcast)(ff_group *g, void *buf, size_t bytes, int root);
-  /* Point to point between world ranks; send does not block (wait on the request before the
-   * buffer is reused), recv does. */
+  /* Point to point between world ranks; isend and irecv do not block (wait on the request
+   * before the buffer is reused or read), recv does. */
   ff_request *(*isend)(const void *buf, size_t bytes, int dst, int tag);
+  ff_request *(*irecv)(void *buf, size_t bytes, int src, int tag);
   void (*recv)(void *buf, size_t bytes, int src, int tag);
   void (*wait)(ff_request *r);
   /* Transfers between world ranks on device buffers, started together as one group so that none

@@ -127,6 +127,10 @@ static ff_request *isend(const void *buf, size_t bytes, int dst, int tag) {
   return in->isend(buf, bytes, dst, tag);
 }
 
+static ff_request *irecv(void *buf, size_t bytes, int src, int tag) {
+  return in->irecv(buf, bytes, src, tag);
+}
+
 static void recv(void *buf, size_t bytes, int src, int tag) { in->recv(buf, bytes, src, tag); }
 
 /* A device batch, once per peer: the pair's transfers in it, in a canonical order, as both ends
@@ -342,6 +346,7 @@ const ff_comm_backend *ff_comm_checked(const ff_comm_backend *inner) {
       .reduce_scatter_sum = reduce_scatter,
       .bcast = bcast,
       .isend = isend,
+      .irecv = irecv,
       .recv = recv,
       .wait = wait,
       .p2p_batch = inner->p2p_batch ? p2p_batch : NULL,

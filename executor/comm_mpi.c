@@ -171,6 +171,16 @@ ff_request *ff_mpi_isend(const void *buf, size_t bytes, int dst, int tag) {
   return r;
 }
 
+ff_request *ff_mpi_irecv(void *buf, size_t bytes, int src, int tag) {
+  int n = pieces(bytes);
+  ff_request *r = request(n);
+  char *p = buf;
+  for (int i = 0; i < n; i++)
+    MPI_Irecv(p + (size_t)i * (size_t)piece(), (int)piece_bytes(bytes, i), MPI_BYTE, src, tag,
+              MPI_COMM_WORLD, &r->mpi[i]);
+  return r;
+}
+
 void ff_mpi_recv(void *buf, size_t bytes, int src, int tag) {
   int n = pieces(bytes);
   char *p = buf;
@@ -251,8 +261,8 @@ static double no_device_seconds(void) { return 0.0; }
 
 static const ff_comm_backend mpi_backend = {
     "mpi", false, world, rank, size, split, release, allreduce_sum, allreduce_max, allreduce_sum_f64,
-    iallreduce_sum, ff_mpi_test, allgather, reduce_scatter_sum, bcast, ff_mpi_isend, ff_mpi_recv,
-    ff_mpi_wait, NULL, no_device_seconds, abort_job, finalize};
+    iallreduce_sum, ff_mpi_test, allgather, reduce_scatter_sum, bcast, ff_mpi_isend, ff_mpi_irecv,
+    ff_mpi_recv, ff_mpi_wait, NULL, no_device_seconds, abort_job, finalize};
 
 const ff_comm_backend *ff_comm_mpi(void) { return &mpi_backend; }
 

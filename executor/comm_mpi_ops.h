@@ -25,6 +25,7 @@ int ff_mpi_size(MPI_Comm c);
 void ff_mpi_allreduce(MPI_Comm c, void *buf, int64_t n, MPI_Datatype type, size_t elem, MPI_Op op);
 /* Point to point between world ranks (see ff_comm_backend). */
 ff_request *ff_mpi_isend(const void *buf, size_t bytes, int dst, int tag);
+ff_request *ff_mpi_irecv(void *buf, size_t bytes, int src, int tag);
 void ff_mpi_recv(void *buf, size_t bytes, int src, int tag);
 void ff_mpi_wait(ff_request *r);
 /* Waits for n requests, polling for 100 µs and then sleeping 50 µs between polls, so that a long

@@ -451,7 +451,7 @@ static void finalize(void) {
 static const ff_comm_backend nccl_backend = {
     "nccl", true, world, rank, size, split, release, allreduce_sum, allreduce_max,
     allreduce_sum_f64, iallreduce_sum, test, allgather, reduce_scatter_sum, bcast, ff_mpi_isend,
-    ff_mpi_recv, wait, p2p_batch, collective_seconds, abort_job, finalize};
+    ff_mpi_irecv, ff_mpi_recv, wait, p2p_batch, collective_seconds, abort_job, finalize};
 
 /* The per-rank preparations that can fail (events, the DP stream, the watchdog); NULL or why. */
 static const char *prepare(void) {

@@ -123,7 +123,16 @@ static ff_status check_placement(dist *d) {
   }
   ff_status st = FF_OK;
   const char *want = d->plan->cluster.nodes[d->st->ranks[d->t].node].name;
-  if (named && strcmp(mine, want) != 0) {
+  bool one_host = true; /* the emulated network compares clocks across ranks */
+  for (int64_t q = 1; q < d->plan->n_ranks; q++)
+    one_host &= strcmp(all + q * sizeof mine, all) == 0;
+  bool batches = d->c->p2p_batch && d->c->device_buffers && !d->k->host_memory; /* p2p_device */
+  if (d->o->emulate_network && (!one_host || batches)) {
+    if (d->rank == 0)
+      fprintf(stderr, "ffrun: --emulate-network needs every rank on one machine and the MPI "
+              "path for stage transfers (%s)\n", one_host ? "--comm mpi" : "ranks on several hosts");
+    st = FF_ERR_INPUT;
+  } else if (named && strcmp(mine, want) != 0) {
     fprintf(stderr, "ffrun: rank %d runs on host \"%s\" but the plan places it on node \"%s\" "
             "(use the plan's rankfile: ffplan hostfile)\n", d->rank, mine, want);
     st = FF_ERR_INPUT;
@@ -171,13 +180,20 @@ static ff_status setup(dist *d) {
   } else { /* page-locked on a GPU: the activations cross to and from the device through these */
     d->send_fwd = d->k->alloc_host((size_t)(slots * NC) * sizeof(float));
     d->send_bwd = d->k->alloc_host((size_t)(slots * NC) * sizeof(float));
-    d->recv_buf = d->k->alloc_host((size_t)NC * sizeof(float));
+    d->recv_buf = d->k->alloc_host((size_t)(4 * NC) * sizeof(float));
   }
-  d->req_fwd = calloc((size_t)(slots * (d->n_next + 1)), sizeof *d->req_fwd);
-  d->req_bwd = calloc((size_t)(slots * (d->n_prev + 1)), sizeof *d->req_bwd);
+  int w = d->recv_width = (d->n_next > d->n_prev ? d->n_next : d->n_prev) + 1;
+  d->req_fwd = calloc((size_t)(slots * 2 * (d->n_next + 1)), sizeof *d->req_fwd);
+  d->req_bwd = calloc((size_t)(slots * 2 * (d->n_prev + 1)), sizeof *d->req_bwd);
+  d->req_recv = calloc((size_t)(4 * 2 * w), sizeof *d->req_recv);
+  d->stamp_fwd = calloc((size_t)(slots * (d->n_next + 1) + slots * (d->n_prev + 1) + 6 * w),
+                        sizeof *d->stamp_fwd);
   bool staged = d->p2p_device ? d->p2p_ops != NULL : d->send_fwd && d->send_bwd && d->recv_buf;
-  if (!staged || !d->req_fwd || !d->req_bwd)
+  if (!staged || !d->req_fwd || !d->req_bwd || !d->req_recv || !d->stamp_fwd)
     return FF_ERR_RUNTIME;
+  d->stamp_bwd = d->stamp_fwd + slots * (d->n_next + 1);
+  d->stamp_recv = d->stamp_bwd + slots * (d->n_prev + 1);
+  d->link_free = d->stamp_recv + 4 * w;
   if (!d->k->host_memory) {
     if (!d->c->device_buffers) /* TP sums of device activations through the host */
       d->tp_stage = d->k->alloc_host((size_t)NC * sizeof(float));
@@ -290,7 +306,7 @@ static void teardown(dist *d) {
   ff_model_rank_free(&d->mr);
   ff_data_free(&d->data);
   free(d->segs), free(d->tds);
-  free(d->req_fwd), free(d->req_bwd), free(d->p2p_ops);
+  free(d->req_fwd), free(d->req_bwd), free(d->p2p_ops), free(d->req_recv), free(d->stamp_fwd);
   free(d->packed_at), free(d->sums), free(d->sum_segs);
   if (d->k) {
     d->k->release_host(d->send_fwd);

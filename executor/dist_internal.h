@@ -68,12 +68,21 @@ typedef struct dist {
   group_cache *cache; /* every holder set met, in the order every rank meets them */
   int n_cache, cap_cache;
   /* activations between stages: device to device in batches (p2p_device), or staged in host
-   * memory: send_fwd, send_bwd per slot, the request of each of their transfers, recv_buf */
+   * memory: send_fwd, send_bwd per slot, with the requests of their transfers (and of the
+   * stamps an emulated link sends after them, the times in stamp_fwd, stamp_bwd), and recv_buf:
+   * two buffers per direction received (dist_stages.c), receives posted ahead into them */
   bool p2p_device;
   ff_p2p *p2p_ops;
   float *send_fwd, *send_bwd, *recv_buf;
-  ff_request **req_fwd, **req_bwd; /* per slot × receivers */
+  ff_request **req_fwd, **req_bwd; /* per slot × 2 × receivers: pieces, then stamps */
+  double *stamp_fwd, *stamp_bwd;   /* per slot × receivers */
   int n_prev, n_next;
+  int recv_width;                  /* max(n_prev, n_next): the senders of a direction, at most */
+  ff_request **req_recv;           /* per receive buffer (4) × 2 × recv_width */
+  double *stamp_recv;              /* per receive buffer × recv_width: when each piece left */
+  double posted_at[4];             /* when each receive buffer's receives were posted */
+  double *link_free;               /* per direction × recv_width: when each emulated link is free */
+  const float *recv_ready;         /* the buffer the next forward or backward reads */
   char model_digest[32];
   FILE *metrics;
   /* seconds of the current step, by kind (compute, p2p, tp, dp, optimizer) */

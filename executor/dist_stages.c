@@ -2,6 +2,7 @@
  * backwards over the micro-batches, the activations and their gradients exchanged with the
  * neighbouring stages between them, then clipping and AdamW. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,17 +30,31 @@ static ff_span boundary_piece(int64_t n, int n_a, int t, int n_b, int r) {
   return p;
 }
 
+/* --emulate-network: whether a piece between me and rank `peer` of a neighbouring stage
+ * crosses nodes of the plan's cluster, and so travels at the plan's link between them. */
+static bool emulated(const dist *d, const ff_plan_rank *peer) {
+  return d->o->emulate_network && peer->node != d->st->ranks[d->t].node;
+}
+
 /* Send my pieces of a full activation (held by every rank of my stage) to the ranks of the
- * neighbouring stage (an empty piece is not sent: its request stays NULL). The requests are
- * free (staging_free waited for them before the compute refilled buf). */
+ * neighbouring stage (an empty piece is not sent: its request stays NULL). An emulated piece is
+ * followed by the time it left (stamps[r], same tag: MPI keeps the two in order). The requests
+ * (reqs[r] the piece's, reqs[n + r] its stamp's) are free: staging_free waited for them before
+ * the compute refilled buf. */
 static void send_to(dist *d, const ff_plan_stage *to, const float *buf, int64_t n, int tag,
-                    ff_request **reqs) {
+                    ff_request **reqs, double *stamps) {
   double t0 = now();
   for (int r = 0; r < to->n_ranks; r++) {
     ff_span p = boundary_piece(n, d->st->n_ranks, d->t, to->n_ranks, r);
-    reqs[r] = p.end > p.first ? d->c->isend(buf + p.first, (size_t)(p.end - p.first) * sizeof *buf,
-                                            (int)to->ranks[r].rank, tag)
-                              : NULL;
+    int dst = (int)to->ranks[r].rank;
+    reqs[r] = reqs[to->n_ranks + r] = NULL;
+    if (p.end <= p.first)
+      continue;
+    reqs[r] = d->c->isend(buf + p.first, (size_t)(p.end - p.first) * sizeof *buf, dst, tag);
+    if (emulated(d, &to->ranks[r])) {
+      stamps[r] = t0;
+      reqs[to->n_ranks + r] = d->c->isend(&stamps[r], sizeof *stamps, dst, tag);
+    }
   }
   d->t_p2p += now() - t0;
 }
@@ -56,25 +71,102 @@ static void gather_parts(dist *d, float *buf, int64_t n) {
   }
 }
 
-/* Time spent here counts as p2p: waiting for the previous stage is the pipeline's bubble too,
- * which the metrics separate by subtracting the cost of the transfer itself. */
-static void recv_from(dist *d, const ff_plan_stage *from, float *buf, int64_t n, int tag) {
-  double t0 = now();
-  for (int r = 0; r < from->n_ranks; r++) {
-    ff_span p = boundary_piece(n, from->n_ranks, r, d->st->n_ranks, d->t);
-    if (p.end > p.first)
-      d->c->recv(buf + p.first, (size_t)(p.end - p.first) * sizeof *buf, (int)from->ranks[r].rank,
-                 tag);
-  }
-  gather_parts(d, buf, n);
-  d->t_p2p += now() - t0;
-}
-
 /* MPI promises tags up to 32767 only. Messages from one rank to another with the same tag stay
  * in order, and both sides go through them in order, so tags may wrap around: activations and
  * their gradients take [0, 16384), checkpoint pieces [16384, 32768). */
 static int p2p_tag(int64_t micro_batch, int backward) {
   return (int)((micro_batch * 2 + backward) % 16384);
+}
+
+enum { FWD, BWD, NONE };
+
+/* ---- receives posted ahead (host path) ---------------------------------------------------
+ * Each direction a stage receives (FWD: inputs from the previous stage; BWD: output gradients
+ * from the next) has two buffers. Micro-batch j's pieces arrive in buffer j mod 2, whose receives
+ * were posted when the operation that used j − 2 ended (j < 2: as the step began), so a transfer
+ * moves while the stage computes; the stage waits only for what has not arrived when it needs it.
+ * The cost model simulates exactly this (FF_TRANSFERS_OVERLAPPED, cost/ff_sim.c). */
+
+static const ff_plan_stage *recv_peer(const dist *d, int dir) {
+  return &d->pl->stages[dir == FWD ? d->s - 1 : d->s + 1];
+}
+
+static int recv_slot(int dir, int64_t j) { return dir * 2 + (int)(j % 2); }
+
+static float *recv_buffer(const dist *d, int dir, int64_t j) {
+  return d->recv_buf + (int64_t)recv_slot(dir, j) * ff_dist_boundary_floats(d);
+}
+
+/* Post the receives of micro-batch j in direction dir (with their stamps when emulated). */
+static void post_recv(dist *d, int dir, int64_t j) {
+  double t0 = now();
+  const ff_plan_stage *from = recv_peer(d, dir);
+  int64_t n = ff_dist_boundary_floats(d);
+  int slot = recv_slot(dir, j), w = d->recv_width;
+  float *buf = recv_buffer(d, dir, j);
+  ff_request **reqs = d->req_recv + (size_t)slot * 2 * (size_t)w;
+  for (int r = 0; r < from->n_ranks; r++) {
+    ff_span p = boundary_piece(n, from->n_ranks, r, d->st->n_ranks, d->t);
+    int src = (int)from->ranks[r].rank, tag = p2p_tag(j, dir);
+    reqs[r] = reqs[w + r] = NULL;
+    if (p.end <= p.first)
+      continue;
+    reqs[r] = d->c->irecv(buf + p.first, (size_t)(p.end - p.first) * sizeof *buf, src, tag);
+    if (emulated(d, &from->ranks[r]))
+      reqs[w + r] = d->c->irecv(&d->stamp_recv[slot * w + r], sizeof(double), src, tag);
+  }
+  d->posted_at[slot] = t0;
+  d->t_p2p += now() - t0;
+}
+
+/* The stage is done with micro-batch j's buffer in direction dir: post j + 2 into it. */
+static void repost_recv(dist *d, int dir, int64_t j) {
+  if (!d->p2p_device && j + 2 < d->pl->micro_batches)
+    post_recv(d, dir, j + 2);
+}
+
+/* Wait until micro-batch j has arrived in direction dir, then gather it in the stage; returns
+ * its buffer. An emulated piece arrives at the plan's link time after both its send and its
+ * receive were posted and the previous piece on the same link arrived (one transfer at a time
+ * per sender, receiver and direction), however fast it really came. Time spent here counts as
+ * p2p: waiting for the previous stage is the pipeline's bubble too, which the metrics separate
+ * by subtracting the cost of the transfer itself. */
+static float *finish_recv(dist *d, int dir, int64_t j) {
+  double t0 = now();
+  const ff_plan_stage *from = recv_peer(d, dir);
+  const ff_plan_rank *me = &d->st->ranks[d->t];
+  int64_t n = ff_dist_boundary_floats(d);
+  int slot = recv_slot(dir, j), w = d->recv_width;
+  ff_request **reqs = d->req_recv + (size_t)slot * 2 * (size_t)w;
+  double arrive = 0.0;
+  for (int r = 0; r < from->n_ranks; r++) {
+    d->c->wait(reqs[r]);
+    reqs[r] = NULL;
+    if (!reqs[w + r])
+      continue;
+    d->c->wait(reqs[w + r]);
+    reqs[w + r] = NULL;
+    const ff_plan_rank *x = &from->ranks[r];
+    ff_span p = boundary_piece(n, from->n_ranks, r, d->st->n_ranks, d->t);
+    ff_link link = ff_cluster_gpu_link(&d->plan->cluster, x->node, x->gpu, me->node, me->gpu);
+    double *free_at = &d->link_free[dir * w + r], start = d->stamp_recv[slot * w + r];
+    if (d->posted_at[slot] > start)
+      start = d->posted_at[slot];
+    if (*free_at > start)
+      start = *free_at;
+    *free_at = start + ff_comm_p2p((double)(p.end - p.first) * sizeof(float), link);
+    if (*free_at > arrive)
+      arrive = *free_at;
+  }
+  if (arrive > now()) {
+    struct timespec ts = {(time_t)arrive, (long)((arrive - (double)(time_t)arrive) * 1e9)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+      ;
+  }
+  float *buf = recv_buffer(d, dir, j);
+  gather_parts(d, buf, n);
+  d->t_p2p += now() - t0;
+  return buf;
 }
 
 /* ---- one step --------------------------------------------------------------------------- */
@@ -85,8 +177,6 @@ static int64_t warmup(int p, int s, int64_t m, ff_schedule sch) {
   int64_t w = p - s - 1;
   return w < m ? w : m;
 }
-
-enum { FWD, BWD, NONE };
 
 static int slot_of(const dist *d, int64_t j) { return (int)(j % d->mr.n_slots); }
 
@@ -102,9 +192,15 @@ static float *staging(const dist *d, int dir, int64_t j) {
   return (dir == FWD ? d->send_fwd : d->send_bwd) + (int64_t)slot_of(d, j) * NC;
 }
 
+/* ... each receiver's piece's request, then each one's stamp's */
 static ff_request **staging_reqs(const dist *d, int dir, int64_t j) {
-  return dir == FWD ? d->req_fwd + slot_of(d, j) * d->n_next
-                    : d->req_bwd + slot_of(d, j) * d->n_prev;
+  return dir == FWD ? d->req_fwd + slot_of(d, j) * 2 * d->n_next
+                    : d->req_bwd + slot_of(d, j) * 2 * d->n_prev;
+}
+
+static double *staging_stamps(const dist *d, int dir, int64_t j) {
+  return dir == FWD ? d->stamp_fwd + slot_of(d, j) * d->n_next
+                    : d->stamp_bwd + slot_of(d, j) * d->n_prev;
 }
 
 /* Host path: the staging buffer of micro-batch j once its previous contents (sent n_slots
@@ -114,7 +210,7 @@ static float *staging_free(dist *d, int dir, int64_t j) {
   if (d->p2p_device || !sends)
     return NULL;
   ff_request **reqs = staging_reqs(d, dir, j);
-  for (int r = 0; r < (dir == FWD ? d->n_next : d->n_prev); r++) {
+  for (int r = 0; r < 2 * (dir == FWD ? d->n_next : d->n_prev); r++) {
     d->c->wait(reqs[r]);
     reqs[r] = NULL;
   }
@@ -150,8 +246,8 @@ static int device_ops(dist *d, ff_p2p *ops, int n, bool send, int dir, int64_t j
  * receive what micro-batch recv_j needs next (its input, or its output's gradient); either may
  * be NONE. On a device both go in one batch, so two neighbours that each send to the other
  * (1F1B's steady state) do not wait on each other, then the stage gathers what it received, and
- * the host waits for both. On the host path the send is started and the receive and the gather
- * block, into recv_buf. */
+ * the host waits for both. On the host path the send is started, and the receive, posted
+ * earlier, is waited for and gathered. */
 static void exchange(dist *d, int send_dir, int64_t send_j, int recv_dir, int64_t recv_j) {
   double t0 = now();
   int64_t NC = ff_dist_boundary_floats(d);
@@ -172,10 +268,10 @@ static void exchange(dist *d, int send_dir, int64_t send_j, int recv_dir, int64_
   d->t_p2p += now() - t0;
   if (send_dir != NONE)
     send_to(d, &d->pl->stages[send_dir == FWD ? d->s + 1 : d->s - 1], staging(d, send_dir, send_j),
-            NC, p2p_tag(send_j, send_dir), staging_reqs(d, send_dir, send_j));
+            NC, p2p_tag(send_j, send_dir), staging_reqs(d, send_dir, send_j),
+            staging_stamps(d, send_dir, send_j));
   if (recv_dir != NONE)
-    recv_from(d, &d->pl->stages[recv_dir == FWD ? d->s - 1 : d->s + 1], d->recv_buf, NC,
-              p2p_tag(recv_j, recv_dir));
+    d->recv_ready = finish_recv(d, recv_dir, recv_j);
 }
 
 /* Where a forward or backward began: the clocks, and the step's communication times then. */
@@ -208,22 +304,26 @@ static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, doub
     for (int64_t i = 0; i < b; i++)
       ff_data_sequence(&d->data, step, d->first_seq + j * b + i, plan->training.global_batch, S,
                        in + i * S, tg + i * S);
-  const float *x_in = d->st->embedding || d->p2p_device ? NULL : d->recv_buf;
+  const float *x_in = d->st->embedding || d->p2p_device ? NULL : d->recv_ready;
   float *out = staging_free(d, FWD, j);
   mark m = mark_now(d);
   d->mr.last_micro_batch = j == d->pl->micro_batches - 1; /* the head's gradients are final */
   ff_model_rank_forward(&d->mr, slot_of(d, j), b, in, x_in, tg, grad_scale, out, loss);
   compute_done(d, m, FF_PHASE_FORWARD);
+  if (!d->st->embedding)
+    repost_recv(d, FWD, j);
 }
 
 /* The backward of micro-batch j, whose output's gradient (not on the last stage) has arrived. */
 static void run_backward(dist *d, int64_t j) {
-  const float *dx_in = d->st->lm_head || d->p2p_device ? NULL : d->recv_buf;
+  const float *dx_in = d->st->lm_head || d->p2p_device ? NULL : d->recv_ready;
   float *out = staging_free(d, BWD, j);
   mark m = mark_now(d);
   d->mr.last_micro_batch = j == d->pl->micro_batches - 1; /* gradients final, layer by layer */
   ff_model_rank_backward(&d->mr, slot_of(d, j), d->pl->micro_batch_size, dx_in, out);
   compute_done(d, m, d->mr.last_micro_batch ? FF_PHASE_LAST_BACKWARD : FF_PHASE_BACKWARD);
+  if (!d->st->lm_head)
+    repost_recv(d, BWD, j);
 }
 
 /* The stage's operations in 1F1B (or GPipe) order, with its transfers paired as Megatron-LM
@@ -237,6 +337,12 @@ static double run_schedule(dist *d, int64_t step) {
   int from_prev = d->st->embedding ? NONE : FWD, to_next = d->st->lm_head ? NONE : FWD;
   int from_next = d->st->lm_head ? NONE : BWD, to_prev = d->st->embedding ? NONE : BWD;
   double loss = 0;
+  for (int64_t j = 0; j < 2 && j < m && !d->p2p_device; j++) { /* the first receives */
+    if (from_prev != NONE)
+      post_recv(d, FWD, j);
+    if (from_next != NONE)
+      post_recv(d, BWD, j);
+  }
   for (int64_t j = 0; j < w; j++) {
     exchange(d, NONE, 0, from_prev, j);
     run_forward(d, step, j, scale, &loss);
@@ -255,11 +361,11 @@ static double run_schedule(dist *d, int64_t step) {
     run_backward(d, j);
     exchange(d, to_prev, j, NONE, 0);
   }
-  for (int i = 0; i < d->mr.n_slots * d->n_next; i++) {
+  for (int i = 0; i < d->mr.n_slots * 2 * d->n_next; i++) {
     d->c->wait(d->req_fwd[i]);
     d->req_fwd[i] = NULL;
   }
-  for (int i = 0; i < d->mr.n_slots * d->n_prev; i++) {
+  for (int i = 0; i < d->mr.n_slots * 2 * d->n_prev; i++) {
     d->c->wait(d->req_bwd[i]);
     d->req_bwd[i] = NULL;
   }

@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "ff_format.h"
 #include "ff_gpu.h"
@@ -60,6 +63,11 @@ static void usage(FILE *out) {
           "                          processor time it used (it waits out the rest), whatever\n"
           "                          else runs on the machine (a test and demo device; a device\n"
           "                          type's emulated_slowdown does the same for its ranks)\n"
+          "  --emulate-network       stage transfers between ranks on different nodes of the\n"
+          "                          plan take the time of the plan's link between them\n"
+          "                          (latency + bytes / bandwidth, one at a time per link and\n"
+          "                          direction); every rank on one machine (a test and demo\n"
+          "                          network, with the MPI path's overlapped transfers)\n"
           "  --quiet                 no progress lines\n"
           "  --dry-run               print the role of each rank and the backend it would use\n"
           "  --comm C                how ranks talk: auto (NCCL when every rank has a GPU of its\n"
@@ -250,6 +258,8 @@ static int parse(int argc, char **argv, cli *c, bool *done) {
       c->train.resume = true;
     } else if (strcmp(a, "--quiet") == 0) {
       c->train.quiet = true;
+    } else if (strcmp(a, "--emulate-network") == 0) {
+      c->train.emulate_network = true;
     } else if (strcmp(a, "--checkpoint-gradients") == 0) {
       c->train.checkpoint_gradients = true;
     } else if (strcmp(a, "--on-save-error") == 0 || strcmp(a, "--on-nan") == 0) {
@@ -546,6 +556,11 @@ static int profile_main(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+#ifdef __linux__
+  /* Emulated devices and links sleep to the microsecond; Linux's default timer slack (50 µs per
+   * sleep) would add itself to every emulated phase and wait. */
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+#endif
   if (argc > 1 && strcmp(argv[1], "profile") == 0)
     return profile_main(argc, argv);
   cli c;

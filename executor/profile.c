@@ -380,6 +380,8 @@ static cJSON *build_cluster(const measure *all, int size, const ff_model *model,
                             "measured fp32 GEMM of one core)");
     if (all[r].slowdown > 1)
       cJSON_AddNumberToObject(d, "emulated_slowdown", all[r].slowdown);
+    if (!on_gpu) /* these ranks talk over MPI: the cost model overlaps their stage transfers */
+      cJSON_AddStringToObject(d, "kind", "cpu");
     cJSON *meas = cJSON_AddObjectToObject(d, "measured");
     cJSON_AddStringToObject(meas, "source", "ffrun profile: the median over the node's ranks of "
                             "each GEMM's throughput and of a streaming kernel's bandwidth");

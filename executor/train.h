@@ -26,6 +26,8 @@ typedef struct ff_train_opts {
   /* --throttle RANK=FACTOR: emulated slowdown per world rank (0 where not given) */
   double *throttle_by_rank;
   int n_throttle;
+  /* --emulate-network: stage transfers between nodes take the plan's link time (one machine) */
+  bool emulate_network;
 } ff_train_opts;
 
 /* --comm: how ranks talk. auto: NCCL when every rank trains on its own GPU, else MPI. */

@@ -56,9 +56,9 @@ static ff_status tl_replay(const ff_plan *plan, const ff_plan_eval *e, int pi, t
   }
   ff_stage_sim_inputs(pe, n, buf);
   tl_rec rec = {n_ops, out};
-  out->makespan = ff_sim_pipeline_observed(plan->training.schedule, n, out->m, buf, buf + n,
-                                           buf + 2 * n, buf + 3 * n, NULL, NULL, NULL, tl_record,
-                                           &rec);
+  out->makespan = ff_sim_pipeline_observed(plan->training.schedule, e->transfers, n, out->m, buf,
+                                           buf + n, buf + 2 * n, buf + 3 * n, NULL, NULL, NULL,
+                                           tl_record, &rec);
   free(buf), free(n_ops);
   if (out->makespan < 0) {
     fprintf(stderr, "ffplan svg: out of memory replaying pipeline %d\n", pi);

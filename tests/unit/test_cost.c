@@ -92,7 +92,8 @@ static void equal_stages_take_m_plus_p_minus_1_slots(void **state) {
       double f[8], b[8];
       for (int i = 0; i < p; i++)
         f[i] = 1.0, b[i] = 2.0;
-      double t = ff_sim_pipeline(FF_SCHEDULE_1F1B, p, m, f, b, NULL, NULL, NULL, NULL, NULL);
+      double t = ff_sim_pipeline(FF_SCHEDULE_1F1B, FF_TRANSFERS_PAIRED, p, m, f, b, NULL, NULL,
+                                 NULL, NULL, NULL);
       assert_true(t == (double)(m + p - 1) * 3.0);
     }
 }
@@ -225,14 +226,110 @@ static void random_pipelines_match_a_brute_force_schedule(void **state) {
     }
     for (int s = 0; s < 2; s++) {
       ff_schedule sch = s ? FF_SCHEDULE_GPIPE : FF_SCHEDULE_1F1B;
-      double sim = ff_sim_pipeline(sch, p, m, f, b, sf, sb, NULL, NULL, NULL);
+      double sim = ff_sim_pipeline(sch, FF_TRANSFERS_PAIRED, p, m, f, b, sf, sb, NULL, NULL, NULL);
       assert_true(fabs(sim - brute_force(sch, p, m, f, b, sf, sb)) < 1e-9);
     }
-    double sim = ff_sim_pipeline(FF_SCHEDULE_1F1B, p, m, f, b, NULL, NULL, NULL, NULL, NULL);
+    double sim = ff_sim_pipeline(FF_SCHEDULE_1F1B, FF_TRANSFERS_PAIRED, p, m, f, b, NULL, NULL,
+                                 NULL, NULL, NULL);
     assert_true(sim <= ff_sim_closed_form(p, m, f, b) + 1e-9);
-    double gpipe = ff_sim_pipeline(FF_SCHEDULE_GPIPE, p, m, f, b, NULL, NULL, NULL, NULL, NULL);
+    double gpipe = ff_sim_pipeline(FF_SCHEDULE_GPIPE, FF_TRANSFERS_PAIRED, p, m, f, b, NULL, NULL,
+                                   NULL, NULL, NULL);
     assert_true(fabs(gpipe - ff_sim_gpipe_closed_form(p, m, f, b)) < 1e-9);
   }
+}
+
+/* Overlapped transfers computed directly from their definition (ff_cost.h), stage by stage in
+ * program order: an operation starts when its stage is free and what it consumes has arrived;
+ * micro-batch j arrives cost after the latest of its send (the end of the producing operation),
+ * its receive's post (the end of the same stage's operation of that kind on j − 2, or 0) and the
+ * previous arrival on its link. */
+static double overlapped_reference(ff_schedule sch, int p, int64_t m, const double *f,
+                                   const double *b, const double *sf, const double *sb) {
+  enum { P = 8, M = 32 };
+  double end[P][2][M], arr[P][2][M], free_at[P] = {0};
+  int64_t idx[P] = {0};
+  for (int i = 0; i < p; i++)
+    for (int k = 0; k < 2; k++)
+      for (int64_t j = 0; j < m; j++)
+        end[i][k][j] = NAN;
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int i = 0; i < p; i++) {
+      for (; idx[i] < 2 * m; idx[i]++) {
+        int64_t w = sch == FF_SCHEDULE_GPIPE ? m : (p - i - 1 < m ? p - i - 1 : m), n = idx[i];
+        int bwd;
+        int64_t j;
+        if (n < w) {
+          bwd = 0, j = n;
+        } else if (n < w + 2 * (m - w)) {
+          bwd = (int)((n - w) % 2), j = bwd ? (n - w) / 2 : w + (n - w) / 2;
+        } else {
+          bwd = 1, j = n - w - (m - w);
+        }
+        double start = free_at[i];
+        int from = bwd ? i + 1 : i - 1;
+        if (from >= 0 && from < p) {
+          double sent = end[from][bwd][j];
+          if (isnan(sent))
+            break;
+          double posted = j >= 2 ? end[i][bwd][j - 2] : 0.0;
+          double t = sent > posted ? sent : posted;
+          if (j > 0 && arr[i][bwd][j - 1] > t)
+            t = arr[i][bwd][j - 1];
+          arr[i][bwd][j] = t + (bwd ? sb[i] : sf[i - 1]);
+          if (arr[i][bwd][j] > start)
+            start = arr[i][bwd][j];
+        }
+        free_at[i] = end[i][bwd][j] = start + (bwd ? b[i] : f[i]);
+        moved = true;
+      }
+    }
+  }
+  double t = 0;
+  for (int i = 0; i < p; i++) {
+    assert_int_equal(idx[i], 2 * m);
+    t = free_at[i] > t ? free_at[i] : t;
+  }
+  return t;
+}
+
+/* Overlapped transfers (ffrun's MPI path) against their definition on random pipelines; never
+ * slower than paired ones, equal without transfers; a worked GPipe case where every transfer but
+ * the first of each direction hides behind compute. */
+static void overlapped_transfers_match_their_definition(void **state) {
+  (void)state;
+  unsigned seed = 4242;
+  for (int trial = 0; trial < 400; trial++) {
+    int p = 1 + (int)(next_random(&seed) % 8);
+    int64_t m = 1 + (int64_t)(next_random(&seed) % 32);
+    double f[8], b[8], sf[8], sb[8], zero[8] = {0};
+    for (int i = 0; i < p; i++) {
+      f[i] = 0.5 + next_random(&seed) % 100 / 50.0;
+      b[i] = f[i] * (1.5 + next_random(&seed) % 100 / 100.0);
+      sf[i] = next_random(&seed) % 40 / 10.0; /* up to longer than any operation */
+      sb[i] = next_random(&seed) % 40 / 10.0;
+    }
+    for (int s = 0; s < 2; s++) {
+      ff_schedule sch = s ? FF_SCHEDULE_GPIPE : FF_SCHEDULE_1F1B;
+      double over = ff_sim_pipeline(sch, FF_TRANSFERS_OVERLAPPED, p, m, f, b, sf, sb, NULL, NULL,
+                                    NULL);
+      assert_true(fabs(over - overlapped_reference(sch, p, m, f, b, sf, sb)) < 1e-9);
+      assert_true(over <= ff_sim_pipeline(sch, FF_TRANSFERS_PAIRED, p, m, f, b, sf, sb, NULL, NULL,
+                                          NULL) + 1e-9);
+      double none = ff_sim_pipeline(sch, FF_TRANSFERS_OVERLAPPED, p, m, f, b, zero, zero, NULL,
+                                    NULL, NULL);
+      assert_true(fabs(none - ff_sim_pipeline(sch, FF_TRANSFERS_PAIRED, p, m, f, b, NULL, NULL,
+                                              NULL, NULL, NULL)) < 1e-9);
+    }
+  }
+  /* 2 stages, GPipe, 4 micro-batches of 1 s each way, transfers of 0.5 s: stage 1's forwards
+   * run 1.5–5.5 (each input sent at 1, 2, 3, 4), its backwards 5.5–9.5; stage 0's backwards wait
+   * for gradients arriving at 7, 8, 9, 10: done at 11 (paired exchanges: 14). */
+  double f[2] = {1, 1}, b[2] = {1, 1}, c[1] = {0.5};
+  assert_true(fabs(ff_sim_pipeline(FF_SCHEDULE_GPIPE, FF_TRANSFERS_OVERLAPPED, 2, 4, f, b, c, c,
+                                   NULL, NULL, NULL) - 11.0) < 1e-12);
+  assert_true(fabs(ff_sim_pipeline(FF_SCHEDULE_GPIPE, FF_TRANSFERS_PAIRED, 2, 4, f, b, c, c, NULL,
+                                   NULL, NULL) - 14.0) < 1e-12);
 }
 
 static void count_ops(void *ctx, int stage, int64_t mb, bool backward, double start, double end) {
@@ -257,9 +354,10 @@ static void skipping_steady_rounds_changes_nothing(void **state) {
       sf[i] = next_random(&seed) % 10 / 20.0;
       sb[i] = next_random(&seed) % 10 / 20.0;
     }
-    double fast = ff_sim_pipeline(FF_SCHEDULE_1F1B, p, m, f, b, sf, sb, fin_a, NULL, pk_a);
-    double full = ff_sim_pipeline_observed(FF_SCHEDULE_1F1B, p, m, f, b, sf, sb, fin_b, NULL,
-                                           pk_b, count_ops, &ops);
+    double fast = ff_sim_pipeline(FF_SCHEDULE_1F1B, FF_TRANSFERS_PAIRED, p, m, f, b, sf, sb, fin_a,
+                                  NULL, pk_a);
+    double full = ff_sim_pipeline_observed(FF_SCHEDULE_1F1B, FF_TRANSFERS_PAIRED, p, m, f, b, sf,
+                                           sb, fin_b, NULL, pk_b, count_ops, &ops);
     assert_int_equal(ops, 2 * p * m);
     assert_true(fabs(fast / full - 1) < 1e-9);
     for (int i = 0; i < p; i++) {
@@ -268,7 +366,8 @@ static void skipping_steady_rounds_changes_nothing(void **state) {
     }
   }
   double f[4] = {1, 1.2, 0.9, 1.1}, b[4] = {2, 2.3, 1.8, 2.1}, x[3] = {0.1, 0.2, 0.1};
-  double t = ff_sim_pipeline(FF_SCHEDULE_1F1B, 4, 1000000000, f, b, x, x, NULL, NULL, NULL);
+  double t = ff_sim_pipeline(FF_SCHEDULE_1F1B, FF_TRANSFERS_PAIRED, 4, 1000000000, f, b, x, x, NULL,
+                             NULL, NULL);
   /* per round: the slowest stage's 3.5 s of compute plus exchanges of at most 0.2 s each side */
   assert_true(t > 1e9 * 3.5 && t < 1e9 * 3.9);
 }
@@ -281,12 +380,12 @@ static void peak_in_flight_is_min_of_p_minus_i_and_m(void **state) {
       int64_t peak[8];
       for (int i = 0; i < p; i++)
         f[i] = 1.0 + i * 0.1, b[i] = 2.0 + (p - i) * 0.3;
-      ff_sim_pipeline(FF_SCHEDULE_1F1B, p, m, f, b, NULL, NULL, NULL, NULL, peak);
+      ff_sim_pipeline(FF_SCHEDULE_1F1B, FF_TRANSFERS_PAIRED, p, m, f, b, NULL, NULL, NULL, NULL, peak);
       for (int i = 0; i < p; i++) {
         assert_int_equal(peak[i], ff_sim_in_flight(FF_SCHEDULE_1F1B, p, i, m));
         assert_int_equal(peak[i], p - i < m ? p - i : m);
       }
-      ff_sim_pipeline(FF_SCHEDULE_GPIPE, p, m, f, b, NULL, NULL, NULL, NULL, peak);
+      ff_sim_pipeline(FF_SCHEDULE_GPIPE, FF_TRANSFERS_PAIRED, p, m, f, b, NULL, NULL, NULL, NULL, peak);
       for (int i = 0; i < p; i++)
         assert_int_equal(peak[i], m);
     }
@@ -752,8 +851,8 @@ static void ten_million_micro_batches_simulate_exactly(void **state) {
   double f[4] = {1, 1, 1, 1}, b[4] = {2, 2, 2, 2};
   int64_t m = 10000000;
   for (int sched = 0; sched < 2; sched++) {
-    double t = ff_sim_pipeline(sched ? FF_SCHEDULE_GPIPE : FF_SCHEDULE_1F1B, 4, m, f, b, NULL, NULL,
-                               NULL, NULL, NULL);
+    double t = ff_sim_pipeline(sched ? FF_SCHEDULE_GPIPE : FF_SCHEDULE_1F1B, FF_TRANSFERS_PAIRED, 4,
+                               m, f, b, NULL, NULL, NULL, NULL, NULL);
     double want = sched ? ff_sim_gpipe_closed_form(4, m, f, b) : ff_sim_closed_form(4, m, f, b);
     assert_true(t == want);
   }
@@ -768,6 +867,7 @@ int main(void) {
       cmocka_unit_test(equal_stages_take_m_plus_p_minus_1_slots),
       cmocka_unit_test(random_pipelines_match_a_brute_force_schedule),
       cmocka_unit_test(skipping_steady_rounds_changes_nothing),
+      cmocka_unit_test(overlapped_transfers_match_their_definition),
       cmocka_unit_test(peak_in_flight_is_min_of_p_minus_i_and_m),
       cmocka_unit_test(shipped_plans_respect_physical_bounds),
       cmocka_unit_test(memory_grows_with_micro_batch_size_and_in_flight_count),

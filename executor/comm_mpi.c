@@ -182,14 +182,7 @@ ff_request *ff_mpi_irecv(void *buf, size_t bytes, int src, int tag) {
 }
 
 void ff_mpi_recv(void *buf, size_t bytes, int src, int tag) {
-  int n = pieces(bytes);
-  char *p = buf;
-  for (int i = 0; i < n; i++) {
-    MPI_Request r;
-    MPI_Irecv(p + (size_t)i * (size_t)piece(), (int)piece_bytes(bytes, i), MPI_BYTE, src, tag,
-              MPI_COMM_WORLD, &r);
-    ff_mpi_patient_wait(1, &r);
-  }
+  ff_mpi_wait(ff_mpi_irecv(buf, bytes, src, tag));
 }
 
 static void request_free(ff_request *r) {

@@ -126,8 +126,7 @@ static ff_status check_placement(dist *d) {
   bool one_host = true; /* the emulated network compares clocks across ranks */
   for (int64_t q = 1; q < d->plan->n_ranks; q++)
     one_host &= strcmp(all + q * sizeof mine, all) == 0;
-  bool batches = d->c->p2p_batch && d->c->device_buffers && !d->k->host_memory; /* p2p_device */
-  if (d->o->emulate_network && (!one_host || batches)) {
+  if (d->o->emulate_network && (!one_host || d->p2p_device)) {
     if (d->rank == 0)
       fprintf(stderr, "ffrun: --emulate-network needs every rank on one machine and the MPI "
               "path for stage transfers (%s)\n", one_host ? "--comm mpi" : "ranks on several hosts");
@@ -173,7 +172,6 @@ static ff_status setup(dist *d) {
   d->n_next = d->s + 1 < d->pl->n_stages ? d->pl->stages[d->s + 1].n_ranks : 0;
   d->n_prev = d->s > 0 ? d->pl->stages[d->s - 1].n_ranks : 0;
   int64_t NC = ff_dist_boundary_floats(d);
-  d->p2p_device = d->c->p2p_batch && d->c->device_buffers && !d->k->host_memory;
   if (d->p2p_device) {
     d->p2p_ops = calloc((size_t)(2 * (d->n_next > d->n_prev ? d->n_next : d->n_prev) + 1),
                         sizeof *d->p2p_ops); /* a send and a receive with each neighbour */
@@ -337,6 +335,7 @@ ff_status ff_train(const ff_plan *plan, const ff_kernels *k, const ff_comm_backe
   memset(&d, 0, sizeof d);
   d.plan = plan, d.k = k, d.o = o, d.c = c;
   d.world = d.c->world();
+  d.p2p_device = c->p2p_batch && c->device_buffers && !k->host_memory;
   d.rank = d.c->rank(d.world);
   d.have_eval = ff_evaluate_plan(plan, &d.eval) == FF_OK;
   if (d.c->size(d.world) != plan->n_ranks) {

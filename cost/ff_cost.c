@@ -420,13 +420,18 @@ static double larger(double x, double y) { return x > y ? x : y; }
  * P and dP, writes dS). Megatron-LM's core attention without flash attention (`megatron`:
  * megatron/model/transformer.py CoreAttention, megatron/model/fused_softmax.py) writes the whole
  * s×s score matrix of every head (the causal mask is applied, not skipped) in the training
- * precision: forward a GEMM, the softmax (under 16-bit math one fused scale-mask-softmax kernel,
- * read and write; under fp32 PyTorch's masked_fill, read and write, then its softmax, read and
- * write), attention dropout at Megatron's default 0.1 (reads, writes, and writes a one-byte
- * mask), a GEMM; backward two GEMMs (dP, dV), dropout's backward (reads dP and the mask, writes),
- * the softmax backward (reads P and dP, writes dS; under fp32 the mask's backward then reads and
- * writes it), two GEMMs (dQ, dK). A GEMM takes the longer of its FLOPs at the GEMM efficiency
- * of one strided batch (heads·rows × s × head dimension) and its pass over the scores. */
+ * precision: forward a GEMM, the softmax, attention dropout at Megatron's default 0.1 (reads,
+ * writes, and writes a one-byte mask), a GEMM; backward two GEMMs (dP, dV), dropout's backward
+ * (reads dP and the mask, writes), the softmax backward, two GEMMs (dQ, dK). Under 16-bit math
+ * the softmax is one fused scale-mask-softmax kernel (forward read and write; backward reads P
+ * and dP, writes dS). Under fp32 it is not fused (fused_softmax.py forward_torch_softmax):
+ * scores × the layer-number scale (apply_query_key_layer_scaling, on by default), masked_fill_,
+ * PyTorch's softmax, each a read and a write; a row of s floats fits in shared memory, so the
+ * softmax reads it once (PyTorch 2.x cunn_SoftMaxForwardSmem). Its backward first forms
+ * dP·P (reads two, writes), then reads that and P and writes dS; the mask's and the scale's
+ * backward read and write once each. Forward 8 passes, backward 12 (bf16: 4 and 5). A GEMM
+ * takes the longer of its FLOPs at the GEMM efficiency of one strided batch
+ * (heads·rows × s × head dimension) and its pass over the scores. */
 ff_attention_time ff_cost_attention_time(const ff_model *m, ff_precision prec, ff_attention a,
                                          const ff_device *dev, double heads, double kv_heads,
                                          double b) {
@@ -457,8 +462,9 @@ ff_attention_time ff_cost_attention_time(const ff_model *m, ff_precision prec, f
     score_elem = elem;
     rows = s;
     gemms_fwd = 2.0, gemms_bwd = 4.0;
-    double unfused = prec == FF_PRECISION_BF16 ? 0.0 : 2.0; /* masked_fill, and its backward */
-    passes_fwd = 4.0 + unfused, passes_bwd = 5.0 + unfused;
+    /* softmax and dropout; fp32 adds the scale, the mask and the softmax backward's product */
+    int fp32 = prec != FF_PRECISION_BF16;
+    passes_fwd = fp32 ? 8.0 : 4.0, passes_bwd = fp32 ? 12.0 : 5.0;
     mask = ff_time_memory(dev, b * heads * cells); /* dropout's one-byte mask, each way */
   } else {
     rows = floor(FF_COST_GEMM_ATTENTION_SCORES / (heads * s));

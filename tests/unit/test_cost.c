@@ -650,8 +650,9 @@ static void attention_is_timed_as_its_kernel_runs_it(void **state) {
 
 /* Megatron-LM's core attention writes all s² scores of a head (the mask is applied, not
  * skipped) in the training precision and passes over them: forward two GEMMs, softmax (fused
- * under bf16; PyTorch's masked_fill and softmax under fp32) and dropout with its one-byte mask;
- * backward four GEMMs, dropout, softmax (and the mask under fp32). */
+ * under bf16; under fp32 the scale, masked_fill and PyTorch's softmax) and dropout with its
+ * one-byte mask; backward four GEMMs, dropout, softmax (under fp32 its product first, then the
+ * mask's and the scale's backward). */
 static void megatron_attention_passes_over_every_score(void **state) {
   (void)state;
   assert_int_equal(ff_cost_attention_kernel(FF_ATTENTION_MEGATRON, FF_PRECISION_FP32),
@@ -668,14 +669,15 @@ static void megatron_attention_passes_over_every_score(void **state) {
       ff_cost_attention_time(&m, FF_PRECISION_BF16, FF_ATTENTION_MEGATRON, &dev, a, a, b);
   assert_true(near(t.fwd, 2 * pass + 4 * pass + mask + io / bw));
   assert_true(near(t.bwd, 4 * pass + 5 * pass + mask + 2 * io / bw));
-  /* fp32: 4-byte scores, bound by the FLOPs on CUDA cores; two more passes each way */
+  /* fp32: 4-byte scores, bound by the FLOPs on CUDA cores; unfused, the scale, the mask and
+   * PyTorch's softmax (its backward's product first) make eight passes forward, twelve back */
   pass = 4 * cells / bw;
   gemm = 2 * cells * hd / (20e12 * FF_COST_GEMM_EFFICIENCY);
   assert_true(gemm > pass);
   io = b * s * hd * 4 * (2 * a + 2 * a);
   t = ff_cost_attention_time(&m, FF_PRECISION_FP32, FF_ATTENTION_MEGATRON, &dev, a, a, b);
-  assert_true(near(t.fwd, 2 * gemm + 6 * pass + mask + io / bw));
-  assert_true(near(t.bwd, 4 * gemm + 7 * pass + mask + 2 * io / bw));
+  assert_true(near(t.fwd, 2 * gemm + 8 * pass + mask + io / bw));
+  assert_true(near(t.bwd, 4 * gemm + 12 * pass + mask + 2 * io / bw));
   /* ffrun's GEMM kernel skips the masked half and keeps fewer passes: never slower */
   ff_attention_time own =
       ff_cost_attention_time(&m, FF_PRECISION_FP32, FF_ATTENTION_GEMM, &dev, a, a, b);

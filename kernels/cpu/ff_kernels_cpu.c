@@ -7,8 +7,8 @@
  * order, so the same inputs give the same bits (OpenBLAS splits sgemm over output blocks, not
  * over the reduction, so its threads do not change the bits either).
  *
- * Nothing here allocates except `alloc`: attention keeps a small fixed tile of scores on the
- * stack and combines tiles with an online softmax, so memory does not grow with S², and the
+ * Nothing here allocates except `alloc`: attention keeps one fixed tile of scores in a static
+ * buffer and combines tiles with an online softmax, so memory does not grow with S, and the
  * bf16 matmuls unpack their operands a fixed block at a time into static tiles.
  * Pointers marked restrict must not alias; the header allows only add's out == a and
  * ce_loss_grad's dlogits == logits, and those two are written without restrict. */
@@ -29,7 +29,8 @@ void openblas_set_num_threads(int num_threads);
 enum {
   CPU_ALIGN = 64,   /* bytes: a cache line, and an AVX-512 register */
   CPU_LANES = 8,    /* partial sums per reduction: the compiler maps them onto one vector */
-  ATTN_TILE = 128,  /* keys per tile of scores kept on the stack in attention_fwd */
+  ATTN_TQ = 64,     /* query rows per tile of attention scores */
+  ATTN_TK = 64,     /* keys per tile of attention scores */
   ROPE_CHUNK = 128, /* rotation pairs whose cos/sin are kept on the stack at once */
   BF16_TILE = 256,  /* rows and columns of a bf16 matmul block unpacked to fp32 at once */
   BF16_CHUNK = 256, /* fp32 results kept on the stack before a bf16-writing kernel rounds them */
@@ -428,36 +429,70 @@ static int kv_head_of(int i, int q_first, int kv_first, int group, int Hkv) {
   return hk;
 }
 
-/* One query row over keys 0..last: out(D) = softmax(q·kᵀ·scale)·v, returning the log-sum-exp.
- * q(D); k, v rows of D floats, kv_stride floats apart. Tiles of ATTN_TILE scores are combined
- * by an online softmax (running max m, running sum l, out rescaled when m grows). */
-static float attention_row(float *restrict out, const float *restrict q, const float *k,
-                           const float *v, int last, size_t kv_stride, int D, float scale) {
-  float score[ATTN_TILE];
-  float m = -INFINITY, l = 0.0f;
-  memset(out, 0, (size_t)D * sizeof *out);
-  for (int j0 = 0; j0 <= last; j0 += ATTN_TILE) {
-    int tile = last + 1 - j0 < ATTN_TILE ? last + 1 - j0 : ATTN_TILE;
-    float m_new = m;
-    for (int j = 0; j < tile; j++) {
-      score[j] = dot(q, k + (size_t)(j0 + j) * kv_stride, D) * scale;
-      if (score[j] > m_new) m_new = score[j];
+/* Attention a tile at a time, its products handed to sgemm: ATTN_TQ query rows against
+ * ATTN_TK keys, tiles above the causal diagonal never computed, the scores of one tile in a
+ * fixed buffer (memory does not grow with S). One (sequence, head) is computed alone, with the
+ * same calls whatever the batch and the rank's heads, so a head's result does not depend on the
+ * plan's micro-batch or its TP split. Rows of a head lie `stride` floats apart. */
+static float attn_s[ATTN_TQ * ATTN_TK], attn_dp[ATTN_TQ * ATTN_TK];
+
+/* Of a tile of n_q query rows from i0 against n_k keys from j0, row r sees the keys up to
+ * i0 + r: how many of the tile's columns that is (0 to n_k). */
+static int attn_visible(int i0, int r, int j0, int n_k) {
+  int c = i0 + r - j0 + 1;
+  return c < 0 ? 0 : c > n_k ? n_k : c;
+}
+
+/* One (sequence, head): out = softmax(q·kᵀ·scale, causal)·v and the rows' log-sum-exp. Tiles of
+ * keys are combined by an online softmax (running max m, running sum l, the output rows rescaled
+ * when m grows). */
+static void attention_head_fwd(float *out, float *lse, const float *q, const float *k,
+                               const float *v, int S, int D, size_t q_stride, size_t kv_stride,
+                               float scale) {
+  float m[ATTN_TQ], l[ATTN_TQ];
+  for (int i0 = 0; i0 < S; i0 += ATTN_TQ) {
+    int n_q = S - i0 < ATTN_TQ ? S - i0 : ATTN_TQ;
+    const float *qi = q + (size_t)i0 * q_stride;
+    float *oi = out + (size_t)i0 * q_stride;
+    for (int r = 0; r < n_q; r++) {
+      memset(oi + (size_t)r * q_stride, 0, (size_t)D * sizeof *oi);
+      m[r] = -INFINITY, l[r] = 0.0f;
     }
-    if (m_new > m && l > 0.0f) {
-      float rescale = expf(m - m_new);
-      l *= rescale;
-      for (int d = 0; d < D; d++) out[d] *= rescale;
+    for (int j0 = 0; j0 < i0 + n_q; j0 += ATTN_TK) {
+      int n_k = i0 + n_q - j0 < ATTN_TK ? i0 + n_q - j0 : ATTN_TK;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_q, n_k, D, scale, qi,
+                  (int)q_stride, k + (size_t)j0 * kv_stride, (int)kv_stride, 0.0f, attn_s,
+                  ATTN_TK);
+      for (int r = 0; r < n_q; r++) {
+        float *s = attn_s + (size_t)r * ATTN_TK;
+        int seen = attn_visible(i0, r, j0, n_k);
+        float m_new = m[r];
+        for (int c = 0; c < seen; c++)
+          if (s[c] > m_new) m_new = s[c];
+        float sum = 0.0f;
+        for (int c = 0; c < seen; c++) {
+          s[c] = expf(s[c] - m_new);
+          sum += s[c];
+        }
+        for (int c = seen; c < n_k; c++) s[c] = 0.0f;
+        if (seen > 0 && m_new > m[r] && l[r] > 0.0f) {
+          float rescale = expf(m[r] - m_new);
+          float *o = oi + (size_t)r * q_stride;
+          l[r] *= rescale;
+          for (int d = 0; d < D; d++) o[d] *= rescale;
+        }
+        if (seen > 0) m[r] = m_new;
+        l[r] += sum;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n_q, D, n_k, 1.0f, attn_s, ATTN_TK,
+                  v + (size_t)j0 * kv_stride, (int)kv_stride, 1.0f, oi, (int)q_stride);
     }
-    m = m_new;
-    for (int j = 0; j < tile; j++) {
-      float p = expf(score[j] - m);
-      l += p;
-      axpy(out, p, v + (size_t)(j0 + j) * kv_stride, D);
+    for (int r = 0; r < n_q; r++) {
+      float inv_l = 1.0f / l[r], *o = oi + (size_t)r * q_stride;
+      for (int d = 0; d < D; d++) o[d] *= inv_l;
+      lse[i0 + r] = m[r] + logf(l[r]);
     }
   }
-  float inv_l = 1.0f / l;
-  for (int d = 0; d < D; d++) out[d] *= inv_l;
-  return m + logf(l);
 }
 
 /* q, out (B, S, Hq, D); k, v (B, S, Hkv, D); lse (B, Hq, S). Causal, scale 1/sqrt(D). */
@@ -468,34 +503,51 @@ static void attention_fwd_untimed(float *restrict out, float *restrict lse, cons
   size_t q_stride = (size_t)Hq * D, kv_stride = (size_t)Hkv * D;
   for (int b = 0; b < B; b++)
     for (int h = 0; h < Hq; h++) {
-      int hk = kv_head_of(h, q_first, kv_first, group, Hkv);
-      const float *k_bh = k + (size_t)b * S * kv_stride + (size_t)hk * D;
-      const float *v_bh = v + (size_t)b * S * kv_stride + (size_t)hk * D;
-      for (int t = 0; t < S; t++) {
-        size_t row = ((size_t)b * S + t) * q_stride + (size_t)h * D;
-        lse[((size_t)b * Hq + h) * S + t] =
-            attention_row(out + row, q + row, k_bh, v_bh, t, kv_stride, D, scale);
-      }
+      size_t kv = (size_t)b * S * kv_stride +
+                  (size_t)kv_head_of(h, q_first, kv_first, group, Hkv) * D;
+      size_t at = (size_t)b * S * q_stride + (size_t)h * D;
+      attention_head_fwd(out + at, lse + ((size_t)b * Hq + h) * S, q + at, k + kv, v + kv, S, D,
+                         q_stride, kv_stride, scale);
     }
 }
 
-/* Backward of one query row over keys 0..last, with P recomputed from q, k and lse:
- * dP_j = dout·v_j, dS_j = P_j (dP_j − Σ dout∘out); dq (overwritten) = scale Σ_j dS_j k_j,
- * dk_j += scale dS_j q, dv_j += P_j dout. Rows of k, v, dk, dv lie kv_stride floats apart. */
-static void attention_row_bwd(float *restrict dq, float *restrict dk, float *restrict dv,
-                              const float *restrict dout, const float *restrict out,
-                              float lse, const float *restrict q, const float *restrict k,
-                              const float *restrict v, int last, size_t kv_stride, int D,
-                              float scale) {
-  float dout_out = dot(dout, out, D);
-  memset(dq, 0, (size_t)D * sizeof *dq);
-  for (int j = 0; j <= last; j++) {
-    size_t kj = (size_t)j * kv_stride;
-    float p = expf(dot(q, k + kj, D) * scale - lse);
-    float ds = p * (dot(dout, v + kj, D) - dout_out);
-    axpy(dq, ds * scale, k + kj, D);
-    axpy(dk + kj, ds * scale, q, D);
-    axpy(dv + kj, p, dout, D);
+/* Backward of one (sequence, head), P recomputed tile by tile from q, k and lse:
+ * dP = dout·vᵀ, dS = P ∘ (dP − rowsum(dout ∘ out)); dv += Pᵀ·dout, dq += scale·dS·k,
+ * dk += scale·dSᵀ·q (dq, dk, dv accumulated: the caller zeroes them). */
+static void attention_head_bwd(float *dq, float *dk, float *dv, const float *dout,
+                               const float *out, const float *lse, const float *q, const float *k,
+                               const float *v, int S, int D, size_t q_stride, size_t kv_stride,
+                               float scale) {
+  float delta[ATTN_TQ];
+  for (int i0 = 0; i0 < S; i0 += ATTN_TQ) {
+    int n_q = S - i0 < ATTN_TQ ? S - i0 : ATTN_TQ;
+    size_t at = (size_t)i0 * q_stride;
+    for (int r = 0; r < n_q; r++)
+      delta[r] = dot(dout + at + (size_t)r * q_stride, out + at + (size_t)r * q_stride, D);
+    for (int j0 = 0; j0 < i0 + n_q; j0 += ATTN_TK) {
+      int n_k = i0 + n_q - j0 < ATTN_TK ? i0 + n_q - j0 : ATTN_TK;
+      size_t kj = (size_t)j0 * kv_stride;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_q, n_k, D, scale, q + at,
+                  (int)q_stride, k + kj, (int)kv_stride, 0.0f, attn_s, ATTN_TK);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n_q, n_k, D, 1.0f, dout + at,
+                  (int)q_stride, v + kj, (int)kv_stride, 0.0f, attn_dp, ATTN_TK);
+      for (int r = 0; r < n_q; r++) {
+        float *p = attn_s + (size_t)r * ATTN_TK, *ds = attn_dp + (size_t)r * ATTN_TK;
+        int seen = attn_visible(i0, r, j0, n_k);
+        float row_lse = lse[i0 + r];
+        for (int c = 0; c < seen; c++) {
+          p[c] = expf(p[c] - row_lse);
+          ds[c] = p[c] * (ds[c] - delta[r]);
+        }
+        for (int c = seen; c < n_k; c++) p[c] = ds[c] = 0.0f;
+      }
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_k, D, n_q, 1.0f, attn_s, ATTN_TK,
+                  dout + at, (int)q_stride, 1.0f, dv + kj, (int)kv_stride);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n_q, D, n_k, scale, attn_dp, ATTN_TK,
+                  k + kj, (int)kv_stride, 1.0f, dq + at, (int)q_stride);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_k, D, n_q, scale, attn_dp, ATTN_TK,
+                  q + at, (int)q_stride, 1.0f, dk + kj, (int)kv_stride);
+    }
   }
 }
 
@@ -509,18 +561,17 @@ static void attention_bwd_untimed(float *restrict dq, float *restrict dk, float 
   float scale = 1.0f / sqrtf((float)D);
   size_t q_stride = (size_t)Hq * D, kv_stride = (size_t)Hkv * D;
   size_t kv_bytes = (size_t)B * S * kv_stride * sizeof(float);
+  cpu_zero(dq, (size_t)B * S * q_stride * sizeof(float));
   cpu_zero(dk, kv_bytes);
   cpu_zero(dv, kv_bytes);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < Hq; h++) {
-      int hk = kv_head_of(h, q_first, kv_first, group, Hkv);
-      size_t kv_bh = (size_t)b * S * kv_stride + (size_t)hk * D;
-      for (int t = 0; t < S; t++) {
-        size_t row = ((size_t)b * S + t) * q_stride + (size_t)h * D;
-        attention_row_bwd(dq + row, dk + kv_bh, dv + kv_bh, dout + row, out + row,
-                          lse[((size_t)b * Hq + h) * S + t], q + row, k + kv_bh, v + kv_bh, t,
-                          kv_stride, D, scale);
-      }
+      size_t kv = (size_t)b * S * kv_stride +
+                  (size_t)kv_head_of(h, q_first, kv_first, group, Hkv) * D;
+      size_t at = (size_t)b * S * q_stride + (size_t)h * D;
+      attention_head_bwd(dq + at, dk + kv, dv + kv, dout + at, out + at,
+                         lse + ((size_t)b * Hq + h) * S, q + at, k + kv, v + kv, S, D, q_stride,
+                         kv_stride, scale);
     }
 }
 

@@ -702,9 +702,17 @@ static void attention_is_causal_a_later_key_or_value_never_changes_earlier_outpu
   free(q), free(k), free(v), free(out), free(lse), free(out2), free(lse2);
 }
 
+static void attention_bwd_matches_finite_differences_across_score_tiles(void **state) {
+  (void)state;
+  /* S = 67 crosses the kernel's 64-row and 64-key tiles: full tiles below the diagonal, masked
+   * diagonal tiles and a short last tile, in the forward and the backward; GQA sums dk, dv */
+  attn_shape a = {.B = 1, .S = 67, .Hq = 2, .Hkv = 1, .D = 4, .group = 2};
+  check_attention(&a, 181);
+}
+
 static void attention_fwd_is_exact_across_score_tiles_of_long_sequences(void **state) {
   (void)state;
-  /* S = 300 crosses the kernel's stack tiles of scores; the running max must rescale */
+  /* S = 300 crosses the kernel's tiles of scores; the running max must rescale */
   attn_shape a = {.B = 1, .S = 300, .Hq = 2, .Hkv = 1, .D = 4, .group = 2};
   int64_t nq = attn_nq(&a), nkv = attn_nkv(&a), nl = attn_nlse(&a);
   float *q = frandom(nq, 2.0f, 171), *k = frandom(nkv, 2.0f, 172), *v = frandom(nkv, 1.0f, 173);
@@ -1057,6 +1065,7 @@ int main(void) {
       cmocka_unit_test(attention_shard_output_equals_its_heads_of_the_unsharded_output),
       cmocka_unit_test(attention_is_causal_a_later_key_or_value_never_changes_earlier_outputs),
       cmocka_unit_test(attention_fwd_is_exact_across_score_tiles_of_long_sequences),
+      cmocka_unit_test(attention_bwd_matches_finite_differences_across_score_tiles),
       cmocka_unit_test(attention_is_deterministic_to_the_bit),
       cmocka_unit_test(swiglu_fwd_is_silu_of_gate_times_up),
       cmocka_unit_test(swiglu_bwd_matches_finite_differences),

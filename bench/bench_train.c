@@ -1,12 +1,18 @@
-/* bench_train.c — one-rank CPU training speed against what OpenBLAS reaches on a large sgemm.
+/* bench_train.c — one-rank CPU training speed against what OpenBLAS reaches on a large sgemm,
+ * and against PyTorch's step for the same model.
  *
- *   bench_train [--threads N] [--steps N]
+ *   bench_train [--threads N] [--steps N] [--no-torch]
  *
  * Model: Llama with hidden 512, 8 heads, FFN 1376, 8 layers, sequence 256, byte vocabulary 256;
  * a global batch of 8 sequences in micro-batches of 4; data: the LICENSE text. Prints the
  * achieved model FLOP/s of a training step (model FLOPs of the step / step time, median of the
- * timed steps) beside sgemm's FLOP/s on 2048³ in the same run, and the ratio. */
+ * timed steps) beside sgemm's FLOP/s on 2048³ in the same run, and the ratio; then, unless
+ * --no-torch or PyTorch cannot be imported, the same model's step in PyTorch with as many
+ * threads (bench/torch_step.py, run by /usr/bin/python3, Debian's python3-torch) and ffrun's
+ * step over PyTorch's. */
+#define _POSIX_C_SOURCE 200809L /* popen */
 #include <cblas.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,17 +51,48 @@ static double sgemm_flops(int n, int reps) {
   return 2.0 * n * (double)n * n / best;
 }
 
+/* PyTorch's step for the same model (bench/torch_step.py), in ms; 0 when it cannot run. */
+static double torch_step_ms(int threads, int steps) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/../bench/torch_step.py' --threads %d --steps %d",
+           FF_BENCH_PROFILES_DIR, threads, steps);
+  FILE *p = popen(cmd, "r");
+  if (!p)
+    return 0;
+  char line[256];
+  double ms = 0;
+  while (fgets(line, sizeof line, p)) {
+    double v;
+    if (sscanf(line, "torch_step_ms %lf", &v) == 1)
+      ms = v;
+  }
+  int rc = pclose(p);
+  if (rc != 0 || ms <= 0) {
+    fprintf(stderr, "bench_train: no PyTorch step to compare (bench/torch_step.py %s)\n",
+            rc != 0 ? "failed; is python3-torch installed?" : "printed no time");
+    return 0;
+  }
+  return ms;
+}
+
 int main(int argc, char **argv) {
   int threads = 1, steps = 6;
+  bool torch = true;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
       threads = atoi(argv[++i]);
     else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
       steps = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--no-torch") == 0)
+      torch = false;
     else {
-      fprintf(stderr, "usage: bench_train [--threads N] [--steps N]\n");
+      fprintf(stderr, "usage: bench_train [--threads N] [--steps N] [--no-torch]\n");
       return 2;
     }
+  }
+  if (threads < 1 || steps < 1) {
+    fprintf(stderr, "bench_train: --threads and --steps take a positive count\n");
+    return 2;
   }
   ff_model m = {.name = "bench-512", .layers = 8, .hidden = 512, .heads = 8, .kv_heads = 8,
                 .ffn_hidden = 1376, .vocab = 256, .seq_len = 256, .norm_eps = 1e-5,
@@ -100,6 +137,13 @@ int main(int argc, char **argv) {
   printf("| %d | h512 l8 s256 V256 | %lld | %.1f | %.2f | %.2f | %.1f %% | ≥ 50 %% |\n", threads,
          (long long)(B * S), step_s * 1e3, flops / step_s / 1e9, gemm / 1e9,
          100 * flops / step_s / gemm);
+  if (torch) {
+    double ms = torch_step_ms(threads, steps);
+    if (ms > 0)
+      printf("\nPyTorch, same model, batch and optimizer, %d thread%s: %.1f ms per step; "
+             "ffrun / PyTorch = %.2f\n", threads, threads == 1 ? "" : "s", ms,
+             step_s * 1e3 / ms);
+  }
   free(in), free(tg), free(times);
   ff_model_rank_free(&mr);
   ff_data_free(&data);

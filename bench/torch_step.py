@@ -9,7 +9,8 @@ sequences of LICENSE's bytes in micro-batches of 4; float32; torch.optim.AdamW (
 0.9/0.95, weight decay 0.1), eager attention (PyTorch 1.13 has no fused attention on the CPU).
 Prints one line, `torch_step_ms <median of the timed steps> <torch version> <threads>`, after
 one warm-up step. The threads are OpenBLAS's, which Debian's torch does its matmuls in, as
-bench_train's are; torch's own pool keeps one. bench_train runs it beside its own step when PyTorch can be imported.
+bench_train's are; torch's own pool keeps one. bench_train runs it beside its own step when
+PyTorch can be imported.
 """
 import argparse
 import math

@@ -433,7 +433,8 @@ static int kv_head_of(int i, int q_first, int kv_first, int group, int Hkv) {
  * ATTN_TK keys, tiles above the causal diagonal never computed, the scores of one tile in a
  * fixed buffer (memory does not grow with S). One (sequence, head) is computed alone, with the
  * same calls whatever the batch and the rank's heads, so a head's result does not depend on the
- * plan's micro-batch or its TP split. Rows of a head lie `stride` floats apart. */
+ * plan's micro-batch or its TP split. A head's rows lie q_stride (q, out) or kv_stride (k, v)
+ * floats apart. */
 static float attn_s[ATTN_TQ * ATTN_TK], attn_dp[ATTN_TQ * ATTN_TK];
 
 /* Of a tile of n_q query rows from i0 against n_k keys from j0, row r sees the keys up to
@@ -466,23 +467,22 @@ static void attention_head_fwd(float *out, float *lse, const float *q, const flo
       for (int r = 0; r < n_q; r++) {
         float *s = attn_s + (size_t)r * ATTN_TK;
         int seen = attn_visible(i0, r, j0, n_k);
+        for (int c = seen; c < n_k; c++) s[c] = 0.0f;
+        if (seen == 0) /* the row's keys all lie before this tile */
+          continue;
         float m_new = m[r];
         for (int c = 0; c < seen; c++)
           if (s[c] > m_new) m_new = s[c];
-        float sum = 0.0f;
-        for (int c = 0; c < seen; c++) {
-          s[c] = expf(s[c] - m_new);
-          sum += s[c];
-        }
-        for (int c = seen; c < n_k; c++) s[c] = 0.0f;
-        if (seen > 0 && m_new > m[r] && l[r] > 0.0f) {
-          float rescale = expf(m[r] - m_new);
-          float *o = oi + (size_t)r * q_stride;
+        if (m_new > m[r] && l[r] > 0.0f) {
+          float rescale = expf(m[r] - m_new), *o = oi + (size_t)r * q_stride;
           l[r] *= rescale;
           for (int d = 0; d < D; d++) o[d] *= rescale;
         }
-        if (seen > 0) m[r] = m_new;
-        l[r] += sum;
+        m[r] = m_new;
+        for (int c = 0; c < seen; c++) {
+          s[c] = expf(s[c] - m_new);
+          l[r] += s[c];
+        }
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n_q, D, n_k, 1.0f, attn_s, ATTN_TK,
                   v + (size_t)j0 * kv_stride, (int)kv_stride, 1.0f, oi, (int)q_stride);

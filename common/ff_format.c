@@ -19,6 +19,7 @@ const char *const ff_recompute_names[] = {"none", "selective", "full", "auto", N
 const char *const ff_schedule_names[] = {"1f1b", "gpipe", NULL};
 const char *const ff_attention_names[] = {"auto", "tensor", "fused", "gemm", "megatron",
                                                  NULL};
+const char *const ff_wire_names[] = {"fp32", "bf16", NULL};
 const char *const ff_decay_names[] = {"cosine", "linear", "constant", NULL};
 const char *const ff_plan_ilp_names[] = {"off", "not run", "no gain", "improved", NULL};
 

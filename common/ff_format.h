@@ -53,6 +53,10 @@ typedef enum ff_attention {
   FF_ATTENTION_GEMM,
   FF_ATTENTION_MEGATRON
 } ff_attention;
+/* The element activations and their gradients cross links in (TP all-reduces, stage boundaries):
+ * fp32 is what ffrun sends under every precision; bf16 describes frameworks that send them in
+ * the training precision (Megatron-LM, torchtitan), for `ffplan simulate` (ffrun refuses it). */
+typedef enum ff_wire { FF_WIRE_FP32, FF_WIRE_BF16 } ff_wire;
 typedef enum ff_decay { FF_DECAY_COSINE, FF_DECAY_LINEAR, FF_DECAY_CONSTANT } ff_decay;
 
 extern const char *const ff_dtype_names[];      /* NULL-terminated */
@@ -61,6 +65,7 @@ extern const char *const ff_device_kind_names[]; /* "gpu", "cpu" */
 extern const char *const ff_recompute_names[];
 extern const char *const ff_schedule_names[];
 extern const char *const ff_attention_names[];
+extern const char *const ff_wire_names[];
 extern const char *const ff_decay_names[];
 
 /* ---- ff-device/1 ------------------------------------------------------------------------ */
@@ -168,6 +173,7 @@ typedef struct ff_training {
   bool zero1;
   ff_schedule schedule;
   ff_attention attention;
+  ff_wire wire;
   int64_t steps, seed;
   double lr, beta1, beta2, eps, weight_decay, grad_clip;
   int64_t warmup_steps;

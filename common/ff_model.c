@@ -235,6 +235,16 @@ ff_status ff_training_from_json(const cJSON *v, const char *path, bool inline_ok
     ok &= ff_jobj_enum(&o, "attention", false, ff_attention_names, &choice);
     out->attention = (ff_attention)choice;
   }
+  if (ff_jobj_get(&o, "wire", false)) {
+    ok &= ff_jobj_enum(&o, "wire", false, ff_wire_names, &choice);
+    out->wire = (ff_wire)choice;
+    if (out->wire == FF_WIRE_BF16 && out->precision != FF_PRECISION_BF16) {
+      char p[FF_PATH_MAX];
+      ff_jobj_path(&o, "wire", p, sizeof p);
+      ff_diag_error(d, p, "is \"bf16\", which needs \"precision\": \"bf16\"");
+      ok = false;
+    }
+  }
   ok &= ff_jobj_int(&o, "steps", true, 1, 1000000000, &out->steps);
   out->seed = 1234;
   if (ff_jobj_get(&o, "seed", false))
@@ -264,6 +274,8 @@ cJSON *ff_training_to_json(const ff_training *t, bool with_format) {
   cJSON_AddStringToObject(o, "schedule", ff_schedule_names[t->schedule]);
   if (t->attention != FF_ATTENTION_AUTO) /* absent at its default: older plans keep their digests */
     cJSON_AddStringToObject(o, "attention", ff_attention_names[t->attention]);
+  if (t->wire != FF_WIRE_FP32) /* likewise */
+    cJSON_AddStringToObject(o, "wire", ff_wire_names[t->wire]);
   cJSON_AddNumberToObject(o, "steps", (double)t->steps);
   cJSON_AddNumberToObject(o, "seed", (double)t->seed);
   cJSON *opt = cJSON_AddObjectToObject(o, "optimizer");

@@ -574,3 +574,64 @@ ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, ff_attent
   }
   return t;
 }
+
+/* ---- the embedding and the LM head ------------------------------------------------------ */
+
+double ff_cost_wire_bytes(const ff_training *t) { return t->wire == FF_WIRE_BF16 ? 2.0 : 4.0; }
+
+/* The lookup writes b·s·h rows in the wire's element (the activations between kernels); its
+ * backward reads the rows' gradients and adds them into the fp32 gradient of the table. A
+ * vocabulary-parallel lookup sums the group's partial rows once, forward (ffrun's embed_forward,
+ * Megatron-LM's VocabParallelEmbedding); the backward needs no sum, as every rank already holds
+ * the whole input gradient. */
+ff_end_time ff_cost_embedding_time(const ff_model *m, const ff_training *t, const ff_device *dev,
+                                   double b) {
+  double n = b * (double)m->seq_len, h = (double)m->hidden;
+  ff_end_time e = {0};
+  e.fwd = ff_time_memory(dev, n * h * ff_cost_wire_bytes(t));
+  e.bwd = ff_time_memory(dev, 2.0 * n * h * 4.0);
+  e.ar_fwd = 1;
+  return e;
+}
+
+/* Final norm, the vocabulary-parallel logits GEMM and the loss over fp32 logits of b·s × V_r.
+ * ffrun (executor/model_layers.c head_forward_backward), all in the forward: the norm, the
+ * GEMM, a row max, a row sum and one pass that writes the loss and the logits' gradient in
+ * place (read and write; under bf16 the gradient is written in bf16), the GEMMs of the input and
+ * weight gradients, the norm's backward; the TP group takes the max and the sum of b·s row
+ * statistics and sums the head's input gradient. Megatron-LM (megatron/core/tensor_parallel/
+ * cross_entropy.py, _VocabParallelCrossEntropy, on logits made fp32 first by float16_to_fp32
+ * under 16-bit math: a 2-byte read and a 4-byte write, and the same back in the backward):
+ * forward the max (a read), the max subtracted into a new tensor (read, write), exp in place
+ * (read, write), the sum (read), the division in place (read, write), with three row all-
+ * reduces (max, the target's logit, sum); backward one multiply in place (read, write), then the
+ * two GEMMs, and the sum of the input gradient (copy_to_tensor_model_parallel_region). */
+ff_end_time ff_cost_head_time(const ff_model *m, const ff_training *t, const ff_device *dev,
+                              ff_shard sh, double b) {
+  double n = b * (double)m->seq_len, h = (double)m->hidden;
+  bool bf16 = t->precision == FF_PRECISION_BF16;
+  double gemm = ff_time_gemm(dev, t->precision, n, sh.vocab, h);
+  double norm_fwd = ff_time_memory(dev, 2.0 * n * h * 4.0);
+  double norm_bwd = ff_time_memory(dev, 3.0 * n * h * 4.0);
+  double pass = ff_time_memory(dev, n * sh.vocab * 4.0); /* one pass over the fp32 logits */
+  ff_end_time e = {0};
+  if (t->attention == FF_ATTENTION_MEGATRON) {
+    e.fwd = gemm + norm_fwd + (bf16 ? 9.5 : 8.0) * pass;
+    e.bwd = 2.0 * gemm + norm_bwd + (bf16 ? 3.5 : 2.0) * pass;
+    e.ar_bwd = 1;
+    e.ar_small_fwd = 3;
+  } else {
+    e.fwd = 3.0 * gemm + norm_fwd + norm_bwd + (bf16 ? 3.5 : 4.0) * pass;
+    e.ar_fwd = 1;
+    e.ar_small_fwd = 2;
+  }
+  return e;
+}
+
+double ff_cost_end_tp_fwd(ff_end_time e, double ar, double ar_small) {
+  return e.ar_fwd * ar + e.ar_small_fwd * ar_small;
+}
+
+double ff_cost_end_tp_bwd(ff_end_time e, double ar, double ar_small) {
+  return e.ar_bwd * ar + e.ar_small_bwd * ar_small;
+}

@@ -151,6 +151,31 @@ ff_layer_time ff_cost_layer_time(const ff_model *m, ff_precision prec, ff_attent
                                  const ff_device *dev, ff_shard sh, double b, int tp,
                                  ff_recompute rc, double tp_allreduce);
 
+/* ---- the embedding and the LM head of a rank's shard (cost-model.md §3.3) --------------- */
+
+/* Bytes per activation element on the wire (TP all-reduces, stage boundaries), training.wire:
+ * 4 for fp32, what ffrun sends under every precision (its activations stay fp32 between kernels,
+ * which lets every plan train exactly as one rank does); 2 for bf16 (frameworks that send them
+ * in the training precision). */
+double ff_cost_wire_bytes(const ff_training *t);
+
+/* The embedding's or the LM head's work on one rank per micro-batch of b sequences: compute
+ * seconds, and the TP all-reduces it issues when its group has more than one rank: `ar` of
+ * b·s·h wire elements, `ar_small` of b·s floats (the loss's row statistics). ffrun runs the
+ * head's backward inside its forward (the loss is known there), so its head has no backward. */
+typedef struct ff_end_time {
+  double fwd, bwd;
+  int ar_fwd, ar_bwd, ar_small_fwd, ar_small_bwd;
+} ff_end_time;
+ff_end_time ff_cost_embedding_time(const ff_model *m, const ff_training *t, const ff_device *dev,
+                                   double b);
+ff_end_time ff_cost_head_time(const ff_model *m, const ff_training *t, const ff_device *dev,
+                              ff_shard sh, double b);
+/* The seconds of an end's TP all-reduces, given one all-reduce of b·s·h wire elements (ar) and
+ * one of b·s floats (ar_small) over its group. */
+double ff_cost_end_tp_fwd(ff_end_time e, double ar, double ar_small);
+double ff_cost_end_tp_bwd(ff_end_time e, double ar, double ar_small);
+
 /* ---- activation memory as ffrun allocates it (executor/model.c) -------------------------- */
 
 /* Bytes one layer keeps for its backward per micro-batch of b sequences in flight, for a rank

@@ -148,11 +148,13 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
   const ff_plan_stage *st = &pl->stages[s];
   ff_stage_eval *se = &e->pipelines[p].stages[s];
   double b = (double)pl->micro_batch_size, sq = (double)m->seq_len, h = (double)m->hidden;
-  double elem = tr->precision == FF_PRECISION_BF16 ? 2.0 : 4.0;
   double layers = (double)(st->layers.end - st->layers.first);
-  double act_bytes = b * sq * h * elem;
+  double act_bytes = b * sq * h * ff_cost_wire_bytes(tr);
   stage_group(st, node, gpu);
   double tp_allreduce = ff_comm_allreduce(&plan->cluster, st->n_ranks, node, gpu, act_bytes);
+  double tp_rows = st->n_ranks > 1 && (st->embedding || st->lm_head)
+                       ? ff_comm_allreduce(&plan->cluster, st->n_ranks, node, gpu, b * sq * 4.0)
+                       : 0.0;
   double gather = ff_comm_gather(&plan->cluster, st->n_ranks, node, gpu, act_bytes);
   se->gather_fwd_seconds = s > 0 ? gather : 0.0;
   se->gather_bwd_seconds = s + 1 < pl->n_stages ? gather : 0.0;
@@ -177,18 +179,17 @@ static void eval_stage(const ff_plan *plan, int p, int s, ff_plan_eval *e, int *
     ff_layer_time lt = prev_lt;
     double fwd = layers * lt.fwd, bwd = layers * lt.bwd, rec = layers * lt.recompute;
     double tp_fwd = layers * lt.tp_fwd, tp_bwd = layers * lt.tp_bwd;
-    if (st->embedding) {
-      fwd += ff_time_memory(dev, b * sq * h * elem);
-      bwd += ff_time_memory(dev, 2.0 * b * sq * h * 4.0);
-      if (st->n_ranks > 1) { /* vocabulary-parallel lookup: partial sums all-reduced */
-        tp_fwd += tp_allreduce;
-        tp_bwd += tp_allreduce;
+    for (int end = 0; end < 2; end++) {
+      if (!(end == 0 ? st->embedding : st->lm_head))
+        continue;
+      ff_end_time et = end == 0 ? ff_cost_embedding_time(m, tr, dev, b)
+                                : ff_cost_head_time(m, tr, dev, sh, b);
+      fwd += et.fwd;
+      bwd += et.bwd;
+      if (st->n_ranks > 1) {
+        tp_fwd += ff_cost_end_tp_fwd(et, tp_allreduce, tp_rows);
+        tp_bwd += ff_cost_end_tp_bwd(et, tp_allreduce, tp_rows);
       }
-    }
-    if (st->lm_head) { /* ffrun runs the head's backward in the forward, as the loss is known */
-      double head = ff_time_gemm(dev, tr->precision, b * sq, sh.vocab, h);
-      double softmax = ff_time_memory(dev, 3.0 * b * sq * sh.vocab * 4.0);
-      fwd += 3.0 * head + 2.0 * softmax;
     }
     re->compute_fwd_seconds = fwd;
     re->compute_bwd_seconds = bwd;

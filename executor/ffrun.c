@@ -592,6 +592,13 @@ int main(int argc, char **argv) {
     ff_plan_free(&plan);
     return FF_ERR_INPUT;
   }
+  if (plan.training.wire != FF_WIRE_FP32) { /* ffrun's activations stay fp32 between kernels */
+    fprintf(stderr, "%s: inputs.training.wire: is \"%s\", which describes another framework for "
+            "`ffplan simulate`; ffrun sends activations in fp32\n", c.plan_file,
+            ff_wire_names[plan.training.wire]);
+    ff_plan_free(&plan);
+    return FF_ERR_INPUT;
+  }
   backend got;
   char note[512];
   if (!choose_backend((backend)c.backend, &got, note, sizeof note)) {

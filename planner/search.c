@@ -343,7 +343,7 @@ static double build_candidate(ff_search_ctx *ctx, const config *cf, ff_unit *uni
       as_first[x] = as_second[x];
   const int *boundary_flows = as_first;
   double act_bytes = (double)cf->micro_batch_size * (double)m->seq_len * (double)m->hidden *
-                     (t->precision == FF_PRECISION_BF16 ? 2.0 : 4.0);
+                     ff_cost_wire_bytes(t);
   int lo = cf->uniform_mode >= 0 ? cf->uniform_mode : 0;
   int hi = cf->uniform_mode >= 0 ? cf->uniform_mode : FF_SEARCH_MODES - 1;
   if (t->recompute != FF_RECOMPUTE_AUTO)

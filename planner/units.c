@@ -32,13 +32,14 @@ ff_unit_cost ff_unit_cost_of(const ff_search_ctx *ctx, const ff_unit *u, int64_t
   memset(&uc, 0, sizeof uc);
   ff_shard sh = unit_shard(m, u->tp);
   double s = (double)m->seq_len, h = (double)m->hidden;
-  double elem = t->precision == FF_PRECISION_BF16 ? 2.0 : 4.0;
   int node[1024], gpu[1024];
   for (int i = 0; i < u->tp; i++) {
     node[i] = u->node;
     gpu[i] = u->first_gpu + i;
   }
-  double tp_ar = ff_comm_allreduce(ctx->cluster, u->tp, node, gpu, (double)b * s * h * elem);
+  double tp_ar = ff_comm_allreduce(ctx->cluster, u->tp, node, gpu,
+                                   (double)b * s * h * ff_cost_wire_bytes(t));
+  double tp_rows = ff_comm_allreduce(ctx->cluster, u->tp, node, gpu, (double)b * s * 4.0);
   double bpp = ff_mem_bytes_per_param(t->precision, t->zero1, dp);
   for (int mode = 0; mode < FF_SEARCH_MODES; mode++) {
     ff_layer_time lt = ff_cost_layer_time(m, t->precision, t->attention, dev, sh, (double)b, u->tp,
@@ -55,10 +56,14 @@ ff_unit_cost ff_unit_cost_of(const ff_search_ctx *ctx, const ff_unit *u, int64_t
                                             false, 0.0);
   uc.state_bytes_per_layer = ff_cost_layer_params(m, sh) * bpp;
   uc.capacity_bytes = (dev->memory_gib - dev->runtime_reserve_gib) * FF_GIB;
-  double head = ff_time_gemm(dev, t->precision, (double)b * s, sh.vocab, h);
-  uc.head_seconds = 3.0 * head + 2.0 * ff_time_memory(dev, 3.0 * (double)b * s * sh.vocab * 4.0);
-  uc.embed_seconds = ff_time_memory(dev, (double)b * s * h * (elem + 8.0)) +
-                     (u->tp > 1 ? 2.0 * tp_ar : 0.0);
+  for (int end = 0; end < 2; end++) {
+    ff_end_time et = end == 0 ? ff_cost_embedding_time(m, t, dev, (double)b)
+                              : ff_cost_head_time(m, t, dev, sh, (double)b);
+    double sec = et.fwd + et.bwd;
+    if (u->tp > 1)
+      sec += ff_cost_end_tp_fwd(et, tp_ar, tp_rows) + ff_cost_end_tp_bwd(et, tp_ar, tp_rows);
+    *(end == 0 ? &uc.embed_seconds : &uc.head_seconds) = sec;
+  }
   uc.embed_bytes = sh.vocab * h * bpp;
   uc.head_bytes =
       (sh.vocab * h + h) * bpp + ff_mem_logits_bytes(m, sh, (double)b, t->precision);

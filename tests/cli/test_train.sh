@@ -88,6 +88,17 @@ json.dump(p, open(sys.argv[2], "w"), indent=2)
 PY
 expect 2 "megatron.json: inputs.training.attention: is \"megatron\"" \
   "$ffrun" "$tmp/megatron.json" --text LICENSE --quiet
+# wire "bf16" describes frameworks that send bf16 activations, for ffplan simulate: refused.
+python3 - "$plan" "$tmp/wire.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["inputs"].pop("digests", None)
+p["inputs"]["training"]["precision"] = "bf16"
+p["inputs"]["training"]["wire"] = "bf16"
+json.dump(p, open(sys.argv[2], "w"), indent=2)
+PY
+expect 2 "wire.json: inputs.training.wire: is \"bf16\"" \
+  "$ffrun" "$tmp/wire.json" --text LICENSE --quiet
 expect 2 "expects a positive integer" "$ffrun" "$plan" --text LICENSE --steps zero
 
 echo "train: $checks checks, $failures failed"

@@ -684,6 +684,59 @@ static void megatron_attention_passes_over_every_score(void **state) {
   assert_true(own.fwd < t.fwd && own.bwd < t.bwd);
 }
 
+/* The embedding and the LM head as ffrun runs them, and the head as Megatron-LM does
+ * (cost-model.md §3.3): the lookup writes its rows in the wire's element and sums them over the
+ * group once, forward; ffrun's head does its whole backward inside the forward, with the row max
+ * and row sum and the input gradient summed there; Megatron's sums three row statistics forward
+ * and the input gradient backward. */
+static void the_ends_do_what_ffrun_and_megatron_do(void **state) {
+  (void)state;
+  ff_model m = {.hidden = 1024, .heads = 16, .kv_heads = 16, .seq_len = 2048, .vocab = 32000};
+  ff_device dev = attention_device();
+  ff_training t = {.precision = FF_PRECISION_BF16, .attention = FF_ATTENTION_AUTO};
+  assert_true(ff_cost_wire_bytes(&t) == 4.0); /* ffrun's activations stay fp32 */
+  double b = 2, n = b * 2048, h = 1024, v = 16000;
+  ff_end_time e = ff_cost_embedding_time(&m, &t, &dev, b);
+  assert_true(near(e.fwd, ff_time_memory(&dev, n * h * 4)));
+  assert_true(near(e.bwd, ff_time_memory(&dev, 2 * n * h * 4)));
+  assert_int_equal(e.ar_fwd, 1);
+  assert_int_equal(e.ar_bwd + e.ar_small_fwd + e.ar_small_bwd, 0);
+  t.wire = FF_WIRE_BF16;
+  assert_true(ff_cost_wire_bytes(&t) == 2.0);
+  assert_true(near(ff_cost_embedding_time(&m, &t, &dev, b).fwd, ff_time_memory(&dev, n * h * 2)));
+  t.wire = FF_WIRE_FP32;
+  ff_shard sh = {0, 0, 0, v};
+  double gemm = ff_time_gemm(&dev, FF_PRECISION_BF16, n, v, h);
+  double norm = ff_time_memory(&dev, 5 * n * h * 4), pass = ff_time_memory(&dev, n * v * 4);
+  e = ff_cost_head_time(&m, &t, &dev, sh, b);
+  assert_true(near(e.fwd, 3 * gemm + norm + 3.5 * pass));
+  assert_true(e.bwd == 0.0);
+  assert_int_equal(e.ar_fwd, 1);
+  assert_int_equal(e.ar_small_fwd, 2);
+  assert_int_equal(e.ar_bwd + e.ar_small_bwd, 0);
+  assert_true(near(ff_cost_end_tp_fwd(e, 3.0, 0.5), 4.0));
+  assert_true(ff_cost_end_tp_bwd(e, 3.0, 0.5) == 0.0);
+  t.precision = FF_PRECISION_FP32;
+  gemm = ff_time_gemm(&dev, FF_PRECISION_FP32, n, v, h);
+  assert_true(near(ff_cost_head_time(&m, &t, &dev, sh, b).fwd, 3 * gemm + norm + 4 * pass));
+  t.attention = FF_ATTENTION_MEGATRON;
+  e = ff_cost_head_time(&m, &t, &dev, sh, b);
+  double norm_fwd = ff_time_memory(&dev, 2 * n * h * 4);
+  double norm_bwd = ff_time_memory(&dev, 3 * n * h * 4);
+  assert_true(near(e.fwd, gemm + norm_fwd + 8 * pass));
+  assert_true(near(e.bwd, 2 * gemm + norm_bwd + 2 * pass));
+  assert_int_equal(e.ar_bwd, 1);
+  assert_int_equal(e.ar_small_fwd, 3);
+  assert_int_equal(e.ar_fwd + e.ar_small_bwd, 0);
+  assert_true(near(ff_cost_end_tp_bwd(e, 3.0, 0.5), 3.0));
+  assert_true(near(ff_cost_end_tp_fwd(e, 3.0, 0.5), 1.5));
+  t.precision = FF_PRECISION_BF16; /* the fp32 copy of the logits: 1.5 passes each way */
+  gemm = ff_time_gemm(&dev, FF_PRECISION_BF16, n, v, h);
+  e = ff_cost_head_time(&m, &t, &dev, sh, b);
+  assert_true(near(e.fwd, gemm + norm_fwd + 9.5 * pass));
+  assert_true(near(e.bwd, 2 * gemm + norm_bwd + 3.5 * pass));
+}
+
 static void measured_layer_times_take_precedence(void **state) {
   (void)state;
   ff_diag d;
@@ -878,6 +931,7 @@ int main(void) {
       cmocka_unit_test(ring_allreduce_follows_the_alpha_beta_formula),
       cmocka_unit_test(attention_is_timed_as_its_kernel_runs_it),
       cmocka_unit_test(megatron_attention_passes_over_every_score),
+      cmocka_unit_test(the_ends_do_what_ffrun_and_megatron_do),
       cmocka_unit_test(measured_layer_times_take_precedence),
       cmocka_unit_test(measured_layer_times_carry_over_to_other_shapes),
       cmocka_unit_test(gemm_efficiency_is_interpolated_between_measured_sizes),

@@ -740,8 +740,7 @@ static double layer_seconds(const bf_search *s, const bf_unit *u, int64_t mbs) {
   int node[BF_MAX_TP], gpu[BF_MAX_TP];
   for (int t = 0; t < u->tp; t++)
     node[t] = u->node, gpu[t] = u->first_gpu + t;
-  double elem = tr->precision == FF_PRECISION_BF16 ? 2.0 : 4.0;
-  double act = (double)mbs * (double)m->seq_len * (double)m->hidden * elem;
+  double act = (double)mbs * (double)m->seq_len * (double)m->hidden * ff_cost_wire_bytes(tr);
   int64_t g = m->heads / m->kv_heads;
   ff_span heads = even(m->heads, u->tp, 0), ffn = even(m->ffn_hidden, u->tp, 0);
   ff_shard sh = {(double)(heads.end - heads.first),
@@ -754,15 +753,15 @@ static double layer_seconds(const bf_search *s, const bf_unit *u, int64_t mbs) {
   return lt.fwd + lt.bwd + lt.recompute + lt.tp_fwd + lt.tp_bwd;
 }
 
-/* The LM head's GEMM (forward once, backward twice) and softmax (twice) over the first rank's
- * vocabulary rows (the largest share). */
+/* The LM head's compute over the first rank's vocabulary rows (the largest share), as the cost
+ * model counts it (cost-model.md §3.3), without its TP all-reduces: a floor. */
 static double head_seconds(const bf_search *s, const bf_unit *u, int64_t mbs) {
   const ff_model *m = &s->in->model;
   const ff_device *dev = &s->in->cluster.devices[s->in->cluster.nodes[u->node].device];
   ff_span vocab = even(m->vocab, u->tp, 0);
-  double rows = (double)mbs * (double)m->seq_len, cols = (double)(vocab.end - vocab.first);
-  return 3.0 * ff_time_gemm(dev, s->in->training.precision, rows, cols, (double)m->hidden) +
-         2.0 * ff_time_memory(dev, 3.0 * rows * cols * 4.0);
+  ff_shard sh = {0.0, 0.0, 0.0, (double)(vocab.end - vocab.first)};
+  ff_end_time e = ff_cost_head_time(m, &s->in->training, dev, sh, (double)mbs);
+  return e.fwd + e.bwd;
 }
 
 /* No pipeline runs faster than one micro-batch through every stage, nor than m micro-batches

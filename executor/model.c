@@ -382,9 +382,11 @@ ff_status ff_model_rank_init(ff_model_rank *mr, const ff_model *model, const ff_
   mr->targets_in = k->alloc((size_t)d.N * sizeof *mr->targets_in);
   mr->inputs = malloc((size_t)d.N * sizeof *mr->inputs);
   mr->targets = malloc((size_t)d.N * sizeof *mr->targets);
+  mr->host_loss = malloc((size_t)d.N * sizeof *mr->host_loss);
   bool stored = bf16 ? mr->saved_block && mr->saved : mr->acts != NULL;
   if (!mr->params || !mr->grads || !mr->m || !mr->v || !mr->acts_block || !stored ||
-      !halves_ok || !mr->tokens_in || !mr->targets_in || !mr->inputs || !mr->targets) {
+      !halves_ok || !mr->tokens_in || !mr->targets_in || !mr->inputs || !mr->targets ||
+      !mr->host_loss) {
     ff_model_rank_free(mr);
     return FF_ERR_RUNTIME;
   }
@@ -454,5 +456,6 @@ void ff_model_rank_free(ff_model_rank *mr) {
   free(mr->tensors);
   free(mr->inputs);
   free(mr->targets);
+  free(mr->host_loss);
   memset(mr, 0, sizeof *mr);
 }

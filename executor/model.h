@@ -93,6 +93,7 @@ typedef struct ff_model_rank {
   float *h_final, *rstd_final, *logits, *row_max, *row_sum, *loss;
   float *scratch_a, *scratch_b, *scratch_c; /* backward temporaries */
   int32_t *inputs, *targets; /* host memory: where callers assemble a micro-batch */
+  float *host_loss;          /* host memory: the head's per-token losses, read back each micro-batch */
   /* When set, called as this rank's gradients of tensors [first, first + n) become final for the
    * step, on the micro-batch run with last_micro_batch set: the head's (final norm and untied LM
    * head) after its forward, each layer's after its backward (last layer first), the

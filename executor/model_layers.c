@@ -289,13 +289,10 @@ static void head_forward_backward(ff_model_rank *mr, const float *x_final, int64
   else
     k->ce_loss_grad(mr->loss, mr->logits, mr->logits, mr->targets_in, mr->row_max, mr->row_sum,
                     N, V, (int)mr->spec.vocab.first, grad_scale);
-  float *host_loss = malloc((size_t)N * sizeof *host_loss);
-  if (host_loss) { /* each rank adds the losses of the targets in its vocabulary shard */
-    k->to_host(host_loss, mr->loss, (size_t)N * sizeof *host_loss);
-    for (int i = 0; i < N; i++)
-      *loss_sum += host_loss[i];
-    free(host_loss);
-  }
+  /* each rank adds the losses of the targets in its vocabulary shard */
+  k->to_host(mr->host_loss, mr->loss, (size_t)N * sizeof *mr->host_loss);
+  for (int i = 0; i < N; i++)
+    *loss_sum += mr->host_loss[i];
   float *dh = mr->scratch_b;
   if (dlogits16)
     k->matmul_bwd_bf16(dh, head_g, dlogits16, h16, half_of(mr, head_w), N, C, V);

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "data.h"
+#include "ff_blas_core.h"
 #include "ff_cost.h"
 #include "model.h"
 
@@ -76,6 +77,7 @@ static double torch_step_ms(int threads, int steps) {
 }
 
 int main(int argc, char **argv) {
+  ff_blas_core_select(argv); /* the kernels ffrun would run */
   int threads = 1, steps = 6;
   bool torch = true;
   for (int i = 1; i < argc; i++) {
@@ -137,6 +139,9 @@ int main(int argc, char **argv) {
   printf("| %d | h512 l8 s256 V256 | %lld | %.1f | %.2f | %.2f | %.1f %% | ≥ 50 %% |\n", threads,
          (long long)(B * S), step_s * 1e3, flops / step_s / 1e9, gemm / 1e9,
          100 * flops / step_s / gemm);
+  char core[160];
+  ff_blas_core_describe(core, sizeof core);
+  printf("\nOpenBLAS core: %s\n", core);
   if (torch) {
     double ms = torch_step_ms(threads, steps);
     if (ms > 0)

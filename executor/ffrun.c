@@ -16,6 +16,7 @@
 #include <sys/prctl.h>
 #endif
 
+#include "ff_blas_core.h"
 #include "ff_format.h"
 #include "ff_gpu.h"
 #include "ff_kernels.h"
@@ -89,6 +90,9 @@ static bool choose_backend(backend want, backend *got, char *note, size_t cap) {
   note[0] = '\0';
   if (want == BACKEND_CPU) {
     *got = BACKEND_CPU;
+    char core[160];
+    ff_blas_core_describe(core, sizeof core);
+    snprintf(note, cap, "OpenBLAS core %s", core);
     return true;
   }
   if (gpus > 0) {
@@ -100,7 +104,9 @@ static bool choose_backend(backend want, backend *got, char *note, size_t cap) {
     return true;
   }
   *got = BACKEND_CPU;
-  snprintf(note, cap, "no GPU answers: %s", why ? why : "unknown reason");
+  char core[160];
+  ff_blas_core_describe(core, sizeof core);
+  snprintf(note, cap, "no GPU answers: %s; OpenBLAS core %s", why ? why : "unknown reason", core);
   return want == BACKEND_AUTO;
 }
 
@@ -556,6 +562,7 @@ static int profile_main(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  ff_blas_core_select(argv); /* before anything else: it may start the program again */
 #ifdef __linux__
   /* Emulated devices and links sleep to the microsecond; Linux's default timer slack (50 µs per
    * sleep) would add itself to every emulated phase and wait. */

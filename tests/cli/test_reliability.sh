@@ -162,7 +162,7 @@ grep -q "step-00000004.safetensors: bytes [0-9]* to [0-9]*: checksum mismatch" "
 # valgrind, once
 if command -v valgrind >/dev/null && [ "${2:-}" != sanitized ]; then
   checks=$((checks + 1))
-  valgrind -q --error-exitcode=9 --leak-check=full \
+  FF_BLAS_CORE=keep valgrind -q --error-exitcode=9 --leak-check=full \
     --suppressions="$(dirname "$0")/valgrind.supp" "$ffrun" "$plan" --text LICENSE --quiet --steps 2 \
     >"$tmp/vg.log" 2>&1 || { fail "valgrind reports errors"; tail -20 "$tmp/vg.log"; }
 fi

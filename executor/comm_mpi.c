@@ -135,19 +135,47 @@ static void bcast(ff_group *g, void *buf, size_t bytes, int root) {
   MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g->comm);
 }
 
-/* A request of n MPI requests (one kept inline). */
-static ff_request *request(int n) {
-  ff_request *r = calloc(1, sizeof *r);
-  if (r && n > 1 && !(r->mpi = calloc((size_t)n, sizeof *r->mpi))) {
-    free(r);
-    r = NULL;
+static ff_request *pool; /* released requests, for reuse */
+
+ff_request *ff_mpi_request(int n) {
+  int need = n > 1 ? n : 1; /* room for one even when a batch starts none */
+  ff_request **at = &pool;
+  while (*at && (*at)->cap < need)
+    at = &(*at)->next;
+  ff_request *r = *at;
+  if (r) {
+    *at = r->next;
+  } else {
+    r = calloc(1, sizeof *r);
+    if (r && need > 1 && !(r->mpi = calloc((size_t)need, sizeof *r->mpi))) {
+      free(r);
+      r = NULL;
+    }
+    if (!r)
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    r->cap = need;
+    if (need == 1)
+      r->mpi = &r->one;
   }
-  if (!r)
-    MPI_Abort(MPI_COMM_WORLD, 1);
   r->n = n;
-  if (n <= 1)
-    r->mpi = &r->one;
+  r->event = NULL;
+  r->next = NULL;
   return r;
+}
+
+void ff_mpi_request_release(ff_request *r) {
+  r->next = pool;
+  pool = r;
+}
+
+void ff_mpi_request_pool_free(void) {
+  while (pool) {
+    ff_request *r = pool;
+    pool = r->next;
+    if (r->mpi != &r->one)
+      free(r->mpi);
+    free(r);
+  }
 }
 
 /* Messages go in pieces of piece() bytes; MPI keeps the pieces of one sender and tag in order. */
@@ -163,7 +191,7 @@ static size_t piece_bytes(size_t bytes, int i) {
 
 ff_request *ff_mpi_isend(const void *buf, size_t bytes, int dst, int tag) {
   int n = pieces(bytes);
-  ff_request *r = request(n);
+  ff_request *r = ff_mpi_request(n);
   const char *p = buf;
   for (int i = 0; i < n; i++)
     MPI_Isend(p + (size_t)i * (size_t)piece(), (int)piece_bytes(bytes, i), MPI_BYTE, dst, tag,
@@ -173,7 +201,7 @@ ff_request *ff_mpi_isend(const void *buf, size_t bytes, int dst, int tag) {
 
 ff_request *ff_mpi_irecv(void *buf, size_t bytes, int src, int tag) {
   int n = pieces(bytes);
-  ff_request *r = request(n);
+  ff_request *r = ff_mpi_request(n);
   char *p = buf;
   for (int i = 0; i < n; i++)
     MPI_Irecv(p + (size_t)i * (size_t)piece(), (int)piece_bytes(bytes, i), MPI_BYTE, src, tag,
@@ -185,17 +213,11 @@ void ff_mpi_recv(void *buf, size_t bytes, int src, int tag) {
   ff_mpi_wait(ff_mpi_irecv(buf, bytes, src, tag));
 }
 
-static void request_free(ff_request *r) {
-  if (r->mpi != &r->one)
-    free(r->mpi);
-  free(r);
-}
-
 void ff_mpi_wait(ff_request *r) {
   if (!r)
     return;
   ff_mpi_patient_wait(r->n, r->mpi);
-  request_free(r);
+  ff_mpi_request_release(r);
 }
 
 bool ff_mpi_test(ff_request *r) {
@@ -209,7 +231,7 @@ bool ff_mpi_test(ff_request *r) {
 ff_request *ff_mpi_iallreduce_sum(MPI_Comm c, float *buf, int64_t n) {
   int64_t size = piece();
   int parts = n <= 0 ? 1 : (int)((n + size - 1) / size);
-  ff_request *r = request(parts);
+  ff_request *r = ff_mpi_request(parts);
   for (int i = 0; i < parts; i++) {
     int64_t left = n - (int64_t)i * size;
     int part = left < size ? (int)(left > 0 ? left : 0) : (int)size;
@@ -230,7 +252,7 @@ static void p2p_batch_sync(const ff_p2p *ops, int n) {
   int total = 0;
   for (int i = 0; i < n; i++)
     total += pieces(ops[i].bytes);
-  ff_request *r = request(total);
+  ff_request *r = ff_mpi_request(total);
   int k = 0;
   for (int i = 0; i < n; i++) {
     char *p = ops[i].buf;
@@ -248,7 +270,7 @@ static void p2p_batch_sync(const ff_p2p *ops, int n) {
 
 static void abort_job(int status) { MPI_Abort(MPI_COMM_WORLD, status); }
 
-static void finalize(void) {}
+static void finalize(void) { ff_mpi_request_pool_free(); }
 
 static double no_device_seconds(void) { return 0.0; }
 

@@ -13,11 +13,19 @@
 /* A started operation: MPI requests (a sum over more elements than an int counts takes several),
  * or, in the NCCL backend, an event recorded after a collective on a device buffer. */
 struct ff_request {
-  int n;
+  int n, cap;  /* requests in use; room in mpi */
   MPI_Request *mpi;
   void *event; /* cudaEvent_t, NCCL backend only */
   MPI_Request one;
+  ff_request *next; /* in the pool of released requests */
 };
+
+/* A request for n MPI requests, from a pool of released ones where one has room (a training
+ * step allocates none once the first has run), and its release back to the pool. Main thread
+ * only (MPI_THREAD_FUNNELED). ff_mpi_request_pool_free() empties the pool at the end. */
+ff_request *ff_mpi_request(int n);
+void ff_mpi_request_release(ff_request *r);
+void ff_mpi_request_pool_free(void);
 
 int ff_mpi_rank(MPI_Comm c);
 int ff_mpi_size(MPI_Comm c);

@@ -321,10 +321,8 @@ static void allreduce_sum_f64(ff_group *g, double *buf, int64_t n) {
 static ff_request *iallreduce_sum(ff_group *g, float *buf, int64_t n) {
   if (!g->nccl || !on_device(buf))
     return ff_mpi_iallreduce_sum(g->mpi, buf, n);
-  ff_request *r = calloc(1, sizeof *r);
+  ff_request *r = ff_mpi_request(1);
   cudaEvent_t ready, done;
-  if (!r)
-    die("iallreduce_sum", "out of memory");
   CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventRecord(ready, nc.rings[COMPUTE].stream));
@@ -336,7 +334,6 @@ static ff_request *iallreduce_sum(ff_group *g, float *buf, int64_t n) {
   issued(DP);
   CUDA_CHECK(cudaEventRecord(done, nc.rings[DP].stream));
   r->event = done;
-  r->mpi = &r->one;
   return r;
 }
 
@@ -357,7 +354,7 @@ static void wait(ff_request *r) {
   }
   CUDA_CHECK(cudaStreamWaitEvent(nc.rings[COMPUTE].stream, (cudaEvent_t)r->event, 0));
   CUDA_CHECK(cudaEventDestroy((cudaEvent_t)r->event));
-  free(r);
+  ff_mpi_request_release(r);
 }
 
 static void allgather(ff_group *g, const void *mine, void *all, size_t bytes) {
@@ -416,6 +413,7 @@ static void abort_job(int status) { MPI_Abort(MPI_COMM_WORLD, status); }
 /* After the last collective, on every rank: let the streams drain, destroy the communicators
  * (newest first: splits before their parents), stop the watchdog. */
 static void finalize(void) {
+  ff_mpi_request_pool_free();
   if (!nc.ready)
     return;
   blocking_begin("the final synchronisation");

@@ -87,11 +87,11 @@ static void usage(FILE *out) {
 static bool choose_backend(backend want, backend *got, char *note, size_t cap) {
   const char *why = NULL;
   int gpus = ff_gpu_count(&why);
+  char core[160];
+  ff_blas_core_describe(core, sizeof core);
   note[0] = '\0';
   if (want == BACKEND_CPU) {
     *got = BACKEND_CPU;
-    char core[160];
-    ff_blas_core_describe(core, sizeof core);
     snprintf(note, cap, "OpenBLAS core %s", core);
     return true;
   }
@@ -104,8 +104,6 @@ static bool choose_backend(backend want, backend *got, char *note, size_t cap) {
     return true;
   }
   *got = BACKEND_CPU;
-  char core[160];
-  ff_blas_core_describe(core, sizeof core);
   snprintf(note, cap, "no GPU answers: %s; OpenBLAS core %s", why ? why : "unknown reason", core);
   return want == BACKEND_AUTO;
 }

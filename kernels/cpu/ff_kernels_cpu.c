@@ -21,7 +21,19 @@
 #include <time.h>
 
 #include "ff_attention_widened.h"
+#include "ff_exp.h"
 #include "ff_kernels.h"
+
+/* The element-wise loops, compiled three times, for SSE2 (every x86-64), AVX2 and AVX-512
+ * (x86-64-v4); the loader picks the widest the CPU has. The three give the same bits: IEEE
+ * arithmetic in the source's order, no contraction into FMA (-ffp-contract=off), reductions in
+ * CPU_LANES partial sums whatever the vector width (tests/unit/kernel_bits.c compares them with
+ * a build of one, -DFF_CPU_ONE_ISA). GCC on x86-64 only; elsewhere one build. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(FF_CPU_ONE_ISA)
+#define CPU_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4")))
+#else
+#define CPU_CLONES
+#endif
 
 /* Declared here too: the netlib cblas.h lacks it, OpenBLAS's declares the same prototype. */
 void openblas_set_num_threads(int num_threads);
@@ -271,6 +283,7 @@ static float rms_inverse(const float *x, int C, float eps) {
   return 1.0f / sqrtf(dot(x, x, C) / (float)C + eps);
 }
 
+CPU_CLONES
 static void rmsnorm_fwd(float *restrict out, float *restrict rstd, const float *restrict inp,
                         const float *restrict w, int N, int C, float eps) {
   for (int n = 0; n < N; n++) {
@@ -315,6 +328,7 @@ _Static_assert(BF16_CHUNK % CPU_LANES == 0, "chunks must keep the reduction's la
  * dw += Σ_n dout∘inp·rstd. inp is fp32 (inp) or bf16 (inp16): a bf16 row is widened
  * BF16_CHUNK values at a time, which keeps the reduction's order, so both give the same bits on
  * the same values. */
+CPU_CLONES
 static void rmsnorm_backward(float *restrict dinp, float *restrict dw, const float *restrict dout,
                              const float *inp, const uint16_t *inp16, const float *restrict w,
                              const float *restrict rstd, int N, int C, bool add) {
@@ -447,6 +461,7 @@ static int attn_visible(int i0, int r, int j0, int n_k) {
 /* One (sequence, head): out = softmax(q·kᵀ·scale, causal)·v and the rows' log-sum-exp. Tiles of
  * keys are combined by an online softmax (running max m, running sum l, the output rows rescaled
  * when m grows). */
+CPU_CLONES
 static void attention_head_fwd(float *out, float *lse, const float *q, const float *k,
                                const float *v, int S, int D, size_t q_stride, size_t kv_stride,
                                float scale) {
@@ -474,15 +489,13 @@ static void attention_head_fwd(float *out, float *lse, const float *q, const flo
         for (int c = 0; c < seen; c++)
           if (s[c] > m_new) m_new = s[c];
         if (m_new > m[r] && l[r] > 0.0f) {
-          float rescale = expf(m[r] - m_new), *o = oi + (size_t)r * q_stride;
+          float rescale = ff_exp_lanes(m[r] - m_new), *o = oi + (size_t)r * q_stride;
           l[r] *= rescale;
           for (int d = 0; d < D; d++) o[d] *= rescale;
         }
         m[r] = m_new;
-        for (int c = 0; c < seen; c++) {
-          s[c] = expf(s[c] - m_new);
-          l[r] += s[c];
-        }
+        for (int c = 0; c < seen; c++) s[c] = ff_exp_lanes(s[c] - m_new);
+        for (int c = 0; c < seen; c++) l[r] += s[c];
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n_q, D, n_k, 1.0f, attn_s, ATTN_TK,
                   v + (size_t)j0 * kv_stride, (int)kv_stride, 1.0f, oi, (int)q_stride);
@@ -514,6 +527,7 @@ static void attention_fwd_untimed(float *restrict out, float *restrict lse, cons
 /* Backward of one (sequence, head), P recomputed tile by tile from q, k and lse:
  * dP = dout·vᵀ, dS = P ∘ (dP − rowsum(dout ∘ out)); dv += Pᵀ·dout, dq += scale·dS·k,
  * dk += scale·dSᵀ·q (dq, dk, dv accumulated: the caller zeroes them). */
+CPU_CLONES
 static void attention_head_bwd(float *dq, float *dk, float *dv, const float *dout,
                                const float *out, const float *lse, const float *q, const float *k,
                                const float *v, int S, int D, size_t q_stride, size_t kv_stride,
@@ -536,7 +550,7 @@ static void attention_head_bwd(float *dq, float *dk, float *dv, const float *dou
         int seen = attn_visible(i0, r, j0, n_k);
         float row_lse = lse[i0 + r];
         for (int c = 0; c < seen; c++) {
-          p[c] = expf(p[c] - row_lse);
+          p[c] = ff_exp_lanes(p[c] - row_lse);
           ds[c] = p[c] * (ds[c] - delta[r]);
         }
         for (int c = seen; c < n_k; c++) p[c] = ds[c] = 0.0f;
@@ -577,9 +591,10 @@ static void attention_bwd_untimed(float *restrict dq, float *restrict dk, float 
 
 /* ---- SwiGLU ----------------------------------------------------------------------------- */
 
-static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static float sigmoid(float x) { return 1.0f / (1.0f + ff_exp_lanes(-x)); }
 
 /* out, gate, up (n): out = silu(gate) · up, silu(g) = g · sigmoid(g) */
+CPU_CLONES
 static void swiglu_fwd(float *restrict out, const float *restrict gate, const float *restrict up,
                        int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
@@ -587,6 +602,7 @@ static void swiglu_fwd(float *restrict out, const float *restrict gate, const fl
 
 /* dgate, dup, dout, gate, up (n): dup = dout · silu(g),
  * dgate = dout · up · sigmoid(g) · (1 + g · (1 − sigmoid(g))) (both overwritten) */
+CPU_CLONES
 static void swiglu_bwd(float *restrict dgate, float *restrict dup, const float *restrict dout,
                        const float *restrict gate, const float *restrict up, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
@@ -652,13 +668,19 @@ static void ce_row_max(float *restrict row_max, const float *restrict logits, in
 }
 
 /* logits (N, V), row_max, row_sum (N): pass 2, Σ exp(logit − max) over this shard's columns */
+CPU_CLONES
 static void ce_row_sum(float *restrict row_sum, const float *restrict logits,
                        const float *restrict row_max, int N, int V) {
   for (int n = 0; n < N; n++) {
     const float *z = logits + (size_t)n * V;
     float m = row_max[n];
     double sum = 0.0; /* a vocabulary row is long: keep the many small terms */
-    for (int j = 0; j < V; j++) sum += expf(z[j] - m);
+    float e[BF16_CHUNK]; /* the exponentials a chunk at a time (vectorised), summed in order */
+    for (int j0 = 0; j0 < V; j0 += BF16_CHUNK) {
+      int c = V - j0 < BF16_CHUNK ? V - j0 : BF16_CHUNK;
+      for (int j = 0; j < c; j++) e[j] = ff_exp_lanes(z[j0 + j] - m);
+      for (int j = 0; j < c; j++) sum += e[j];
+    }
     row_sum[n] = (float)sum;
   }
 }
@@ -666,6 +688,7 @@ static void ce_row_sum(float *restrict row_sum, const float *restrict logits,
 /* logits, dlogits (N, V) (may be the same array; dlogits NULL: loss only), targets, loss,
  * row_max, row_sum (N), with global max and sum: pass 3, loss += log Σ − (logit[target] − max)
  * where this shard owns the target, dlogits = (softmax − onehot) · scale (overwritten). */
+CPU_CLONES
 static void ce_loss_grad(float *loss, float *dlogits, const float *logits,
                          const int32_t *targets, const float *row_max, const float *row_sum,
                          int N, int V, int vocab_first, float scale) {
@@ -677,7 +700,7 @@ static void ce_loss_grad(float *loss, float *dlogits, const float *logits,
     if (owned) loss[n] += logf(row_sum[n]) - (z[target] - m);
     if (!dlogits) continue;
     float *dz = dlogits + (size_t)n * V;
-    for (int j = 0; j < V; j++) dz[j] = expf(z[j] - m) * inv_sum * scale;
+    for (int j = 0; j < V; j++) dz[j] = ff_exp_lanes(z[j] - m) * inv_sum * scale;
     if (owned) dz[target] -= scale;
   }
 }
@@ -694,7 +717,7 @@ static void ce_loss_grad_bf16(float *restrict loss, uint16_t *restrict dlogits,
     int64_t target = (int64_t)targets[n] - vocab_first;
     for (int j0 = 0; j0 < V; j0 += BF16_CHUNK) {
       int c = V - j0 < BF16_CHUNK ? V - j0 : BF16_CHUNK;
-      for (int j = 0; j < c; j++) tmp[j] = expf(z[j0 + j] - m) * inv_sum * scale;
+      for (int j = 0; j < c; j++) tmp[j] = ff_exp_lanes(z[j0 + j] - m) * inv_sum * scale;
       if (target >= j0 && target < j0 + c) tmp[target - j0] -= scale;
       to_bf16(dlogits + (size_t)n * V + j0, tmp, c);
     }
@@ -706,6 +729,7 @@ static void ce_loss_grad_bf16(float *restrict loss, uint16_t *restrict dlogits,
 /* param, grad, m, v (n). torch.optim.AdamW (single-tensor path), with g = grad · grad_scale:
  * p *= 1 − lr·wd; m = β1 m + (1−β1) g; v = β2 v + (1−β2) g²;
  * p −= lr/(1−β1^step) · m / (sqrt(v)/sqrt(1−β2^step) + eps) */
+CPU_CLONES
 static void adamw(float *restrict param, const float *restrict grad, float *restrict m,
                   float *restrict v, int64_t n, float lr, float beta1, float beta2, float eps,
                   float weight_decay, int64_t step, float grad_scale) {
@@ -741,6 +765,7 @@ static void copy_rows(float *restrict dst, int64_t dst_stride, const float *rest
     memcpy(dst + r * dst_stride, src + r * src_stride, (size_t)width * sizeof *dst);
 }
 
+CPU_CLONES
 static void to_bf16(uint16_t *restrict dst, const float *restrict src, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     uint32_t bits;
@@ -752,6 +777,7 @@ static void to_bf16(uint16_t *restrict dst, const float *restrict src, int64_t n
   }
 }
 
+CPU_CLONES
 static void from_bf16(float *restrict dst, const uint16_t *restrict src, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     uint32_t bits = (uint32_t)src[i] << 16;

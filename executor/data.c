@@ -43,7 +43,41 @@ static ff_status load_text(ff_data *data, const char *file, ff_diag *d) {
   return FF_OK;
 }
 
-static ff_status load_tokens(ff_data *data, const char *file, ff_diag *d) {
+/* Tokens of `width` bytes (2 or 4, little-endian as llm.c writes them) into int32. */
+static ff_status read_tokens(ff_data *data, FILE *f, int64_t n, int width, int64_t vocab,
+                             ff_diag *d) {
+  data->tokens = malloc((size_t)n * sizeof *data->tokens);
+  if (!data->tokens) {
+    ff_diag_error(d, NULL, "out of memory for %lld tokens", (long long)n);
+    return FF_ERR_RUNTIME;
+  }
+  enum { CHUNK = 1 << 14 }; /* tokens read at a time: 64 KiB of uint32 on the stack */
+  unsigned char raw[CHUNK * 4];
+  for (int64_t at = 0; at < n;) {
+    size_t want = (size_t)(n - at < CHUNK ? n - at : CHUNK);
+    size_t got = fread(raw, (size_t)width, want, f);
+    for (size_t i = 0; i < got; i++) {
+      const unsigned char *b = raw + i * (size_t)width;
+      uint32_t v = (uint32_t)b[0] | (uint32_t)b[1] << 8;
+      if (width == 4) v |= (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+      if ((int64_t)v >= vocab) {
+        ff_diag_error(d, NULL, "token %llu at position %lld is not below the model's vocab %lld",
+                      (unsigned long long)v, (long long)(at + (int64_t)i), (long long)vocab);
+        return FF_ERR_INPUT;
+      }
+      data->tokens[at + (int64_t)i] = (int32_t)v;
+    }
+    if (got != want) {
+      ff_diag_error(d, NULL, "header says %lld tokens but the file holds %lld", (long long)n,
+                    (long long)(at + (int64_t)got));
+      return FF_ERR_INPUT;
+    }
+    at += (int64_t)got;
+  }
+  return FF_OK;
+}
+
+static ff_status load_tokens(ff_data *data, const char *file, int64_t vocab, ff_diag *d) {
   FILE *f = fopen(file, "rb");
   if (!f) {
     ff_diag_error(d, NULL, "cannot open token file: %s", strerror(errno));
@@ -55,10 +89,25 @@ static ff_status load_tokens(ff_data *data, const char *file, ff_diag *d) {
     ff_diag_error(d, NULL, "token file shorter than its 1024-byte header");
     return FF_ERR_INPUT;
   }
-  if (header[0] != FF_LLMC_MAGIC || header[1] != FF_LLMC_VERSION) {
+  int width = header[0] == FF_LLMC_MAGIC && header[1] == FF_LLMC_VERSION           ? 2
+              : header[0] == FF_LLMC_MAGIC_U32 && header[1] == FF_LLMC_VERSION_U32 ? 4
+                                                                                   : 0;
+  if (!width) {
     fclose(f);
-    ff_diag_error(d, NULL, "not an llm.c token file (magic %d version %d; expected %d and %d)",
-                  header[0], header[1], FF_LLMC_MAGIC, FF_LLMC_VERSION);
+    ff_diag_error(d, NULL,
+                  "not an llm.c token file (magic %d version %d; expected %d and %d for uint16 "
+                  "tokens, or %d and %d for uint32)",
+                  header[0], header[1], FF_LLMC_MAGIC, FF_LLMC_VERSION, FF_LLMC_MAGIC_U32,
+                  FF_LLMC_VERSION_U32);
+    return FF_ERR_INPUT;
+  }
+  if (width == 2 && vocab > 65536) {
+    fclose(f);
+    ff_diag_error(d, NULL,
+                  "holds uint16 tokens (magic %d), which cannot name the model's vocab of %lld; "
+                  "tokenize it again into uint32 tokens (magic %d version %d: "
+                  "scripts/prepare-data writes them for vocabularies past 65,536)",
+                  FF_LLMC_MAGIC, (long long)vocab, FF_LLMC_MAGIC_U32, FF_LLMC_VERSION_U32);
     return FF_ERR_INPUT;
   }
   int64_t n = header[2];
@@ -74,36 +123,22 @@ static ff_status load_tokens(ff_data *data, const char *file, ff_diag *d) {
     ff_diag_error(d, NULL, "cannot seek in the token file: %s", strerror(errno));
     return FF_ERR_INPUT;
   }
-  int64_t held = (end - (long)sizeof header) / (int64_t)sizeof(uint16_t);
-  if (held != n) {
+  int64_t bytes = end - (long)sizeof header;
+  if (bytes != n * width) {
     fclose(f);
-    ff_diag_error(d, NULL, "header says %lld tokens but the file holds %lld", (long long)n,
-                  (long long)held);
+    ff_diag_error(d, NULL, "header says %lld tokens of %d bytes but the file holds %lld bytes of "
+                  "tokens%s", (long long)n, width, (long long)bytes,
+                  bytes % width ? " (not a whole number of tokens)" : "");
     return FF_ERR_INPUT;
   }
-  uint16_t *raw = malloc((size_t)n * sizeof *raw);
-  data->tokens = malloc((size_t)n * sizeof *data->tokens);
-  if (!raw || !data->tokens) {
-    fclose(f);
-    free(raw);
-    free(data->tokens);
-    data->tokens = NULL;
-    ff_diag_error(d, NULL, "out of memory for %lld tokens", (long long)n);
-    return FF_ERR_RUNTIME;
-  }
-  size_t got = fread(raw, sizeof *raw, (size_t)n, f);
+  ff_status st = read_tokens(data, f, n, width, vocab, d);
   fclose(f);
-  if ((int64_t)got != n) {
-    free(raw);
+  if (st != FF_OK) {
     free(data->tokens);
     data->tokens = NULL;
-    ff_diag_error(d, NULL, "header says %lld tokens but the file holds %zu", (long long)n, got);
-    return FF_ERR_INPUT;
+    return st;
   }
-  for (int64_t i = 0; i < n; i++)
-    data->tokens[i] = raw[i];
   data->n = n;
-  free(raw);
   return FF_OK;
 }
 
@@ -113,7 +148,7 @@ ff_status ff_data_load(ff_data *data, const char *file, int text, int64_t vocab,
   snprintf(data->source, sizeof data->source, "%s", file);
   const char *saved = d->file;
   d->file = file;
-  ff_status st = text ? load_text(data, file, d) : load_tokens(data, file, d);
+  ff_status st = text ? load_text(data, file, d) : load_tokens(data, file, vocab, d);
   if (st == FF_OK && data->n < seq_len + 1) {
     ff_diag_error(d, NULL, "%lld tokens is too short for one sequence of seq_len %lld (+1 target)",
                   (long long)data->n, (long long)seq_len);

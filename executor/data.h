@@ -1,6 +1,7 @@
-/* data.h — training data: llm.c token files (a 256-int32 header: magic 20240520, version 1, the
- * token count; then uint16 tokens) or plain text read as bytes (a byte-level tokenizer, vocab
- * 256). Sequence j of the global batch at step t is a pure function of (t, j): the tokens at
+/* data.h — training data: llm.c token files (a 256-int32 header: magic and version, which say the
+ * token width, and the token count; then the tokens: magic 20240520 version 1 uint16, llm.c's
+ * GPT-2 files; magic 20240801 version 7 uint32, its Llama-3 files, for vocabularies past 65,536)
+ * or plain text read as bytes (a byte-level tokenizer, vocab 256). Sequence j of the global batch at step t is a pure function of (t, j): the tokens at
  * offset ((t·global_batch + j)·S) mod (n − S), so every plan feeds every pipeline the same data. */
 #ifndef FF_EXEC_DATA_H
 #define FF_EXEC_DATA_H
@@ -10,8 +11,10 @@
 #include "ff_diag.h"
 #include "ff_status.h"
 
-#define FF_LLMC_MAGIC 20240520
+#define FF_LLMC_MAGIC 20240520 /* uint16 tokens */
 #define FF_LLMC_VERSION 1
+#define FF_LLMC_MAGIC_U32 20240801 /* uint32 tokens */
+#define FF_LLMC_VERSION_U32 7
 
 typedef struct ff_data {
   int32_t *tokens;

@@ -128,7 +128,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ff_diag d;
   ff_diag_init(&d, "fuzz");
   ff_data x;
+  /* a byte vocabulary, and one past uint16 (uint16 files refused, uint32 tokens up to it) */
   if (path && ff_data_load(&x, path, 0, 256, 16, &d) == FF_OK)
+    ff_data_free(&x);
+  if (path && ff_data_load(&x, path, 0, 128256, 16, &d) == FF_OK)
     ff_data_free(&x);
   ff_diag_free(&d);
 #elif FF_FUZZ_TARGET == T_CHECKPOINT

@@ -44,6 +44,15 @@ static cJSON *header_json(const ff_model_rank *layout, const ff_ckpt_meta *meta,
   cJSON_AddStringToObject(md, "seed", num);
   cJSON_AddStringToObject(md, "model", meta->model_name);
   cJSON_AddStringToObject(md, "model_digest", meta->model_digest);
+  cJSON *mj = ff_model_to_json(layout->model, false); /* what `ffrun export` writes config.json from */
+  char *mtext = mj ? cJSON_PrintUnformatted(mj) : NULL;
+  cJSON_Delete(mj);
+  if (!mtext) {
+    cJSON_Delete(h);
+    return NULL;
+  }
+  cJSON_AddStringToObject(md, "model_json", mtext);
+  free(mtext);
   snprintf(num, sizeof num, "%zu", data_bytes);
   cJSON_AddStringToObject(md, "data_bytes", num);
   cJSON_AddStringToObject(md, "data_fnv1a64_per_mib", checksums);
@@ -298,8 +307,7 @@ static void copy_slice(float *dst, const unsigned char *src, const ff_tensor *t)
            (size_t)w * 4);
 }
 
-static ff_status load_tensors(const cJSON *h, const unsigned char *data, size_t data_len,
-                              ff_model_rank *mr, ff_diag *d) {
+static ff_status load_tensors(const ff_ckpt_view *v, ff_model_rank *mr, ff_diag *d) {
   float *host = malloc((size_t)mr->n_params * sizeof *host);
   if (!host)
     return FF_ERR_RUNTIME;
@@ -308,24 +316,14 @@ static ff_status load_tensors(const cJSON *h, const unsigned char *data, size_t 
       const ff_tensor *t = &mr->tensors[i];
       char name[64];
       snprintf(name, sizeof name, "%s%s", moment_prefix[which], t->name);
-      const cJSON *o = cJSON_GetObjectItemCaseSensitive(h, name);
-      const cJSON *off = o ? cJSON_GetObjectItemCaseSensitive(o, "data_offsets") : NULL;
-      const cJSON *shape = o ? cJSON_GetObjectItemCaseSensitive(o, "shape") : NULL;
-      const cJSON *dtype = o ? cJSON_GetObjectItemCaseSensitive(o, "dtype") : NULL;
-      int64_t want_dims = t->cols == 1 ? 1 : 2;
-      bool ok = o && cJSON_GetArraySize(off) == 2 && cJSON_IsString(dtype) &&
-                strcmp(dtype->valuestring, "F32") == 0 && cJSON_GetArraySize(shape) == want_dims &&
-                cJSON_GetArrayItem(shape, 0)->valuedouble == (double)t->rows &&
-                (want_dims == 1 || cJSON_GetArrayItem(shape, 1)->valuedouble == (double)t->cols);
-      double a = ok ? cJSON_GetArrayItem(off, 0)->valuedouble : 0;
-      double b = ok ? cJSON_GetArrayItem(off, 1)->valuedouble : 0;
-      if (!ok || a < 0 || b > (double)data_len || b - a != (double)(t->rows * t->cols * 4)) {
+      const unsigned char *src = ff_checkpoint_tensor(v, name, t->rows, t->cols);
+      if (!src) {
         ff_diag_error(d, name, "missing, or not an F32 tensor of shape [%lld, %lld] within the file",
                       (long long)t->rows, (long long)t->cols);
         free(host);
         return FF_ERR_INPUT;
       }
-      copy_slice(host + t->offset, data + (size_t)a, t);
+      copy_slice(host + t->offset, src, t);
     }
     mr->k->to_device(block_of(mr, which), host, (size_t)mr->n_params * sizeof *host);
   }
@@ -362,54 +360,95 @@ static ff_status map_file(const char *file, ff_diag *d, char **buf, size_t *len)
   return FF_OK;
 }
 
-ff_status ff_checkpoint_load(const char *file, ff_model_rank *mr, const char *model_digest,
-                             ff_ckpt_meta *meta, ff_diag *d) {
-  char *buf;
-  size_t len;
+ff_status ff_checkpoint_open(const char *file, ff_ckpt_view *v, ff_diag *d) {
+  memset(v, 0, sizeof *v);
   const char *saved = d->file;
   d->file = file;
-  ff_status st = map_file(file, d, &buf, &len);
-  cJSON *h = NULL;
-  if (st == FF_OK && len < 8) {
-    ff_diag_error(d, NULL, "%zu bytes is too short for a safetensors file", len);
+  ff_status st = map_file(file, d, &v->buf, &v->len);
+  if (st == FF_OK && v->len < 8) {
+    ff_diag_error(d, NULL, "%zu bytes is too short for a safetensors file", v->len);
     st = FF_ERR_INPUT;
   }
   uint64_t hlen = 0;
   for (int i = 0; st == FF_OK && i < 8; i++)
-    hlen |= (uint64_t)(unsigned char)buf[i] << (8 * i);
-  if (st == FF_OK && (hlen > len - 8 || !(h = cJSON_ParseWithLength(buf + 8, (size_t)hlen)))) {
+    hlen |= (uint64_t)(unsigned char)v->buf[i] << (8 * i);
+  if (st == FF_OK &&
+      (hlen > v->len - 8 || !(v->header = cJSON_ParseWithLength(v->buf + 8, (size_t)hlen)))) {
     ff_diag_error(d, NULL, "byte 8: the safetensors header (%llu bytes) is not readable JSON",
                   (unsigned long long)hlen);
     st = FF_ERR_INPUT;
   }
-  const cJSON *md = h ? cJSON_GetObjectItemCaseSensitive(h, "__metadata__") : NULL;
+  const cJSON *md = v->header ? cJSON_GetObjectItemCaseSensitive(v->header, "__metadata__") : NULL;
   const char *fmt = md ? meta_string(md, "format") : NULL;
-  const char *digest = md ? meta_string(md, "model_digest") : NULL;
   if (st == FF_OK && (!fmt || strcmp(fmt, "ff-checkpoint/1") != 0)) {
     ff_diag_error(d, "__metadata__.format", "expected \"ff-checkpoint/1\"");
     st = FF_ERR_INPUT;
-  } else if (st == FF_OK && (!digest || strcmp(digest, model_digest) != 0)) {
-    ff_diag_error(d, "__metadata__.model_digest", "this checkpoint is of model \"%s\" (%s); the "
-                  "plan trains another model (%s)", meta_string(md, "model") ? meta_string(md, "model") : "?",
-                  digest ? digest : "none", model_digest);
-    st = FF_ERR_INPUT;
   }
   if (st == FF_OK)
-    st = check_integrity(md, (const unsigned char *)buf, len, (size_t)hlen, d);
+    st = check_integrity(md, (const unsigned char *)v->buf, v->len, (size_t)hlen, d);
   if (st == FF_OK) {
-    memset(meta, 0, sizeof *meta);
     const char *step = meta_string(md, "step"), *seed = meta_string(md, "seed");
-    meta->step = step ? strtoll(step, NULL, 10) : 0;
-    meta->seed = seed ? strtoull(seed, NULL, 10) : 0;
-    snprintf(meta->model_name, sizeof meta->model_name, "%s", meta_string(md, "model") ? meta_string(md, "model") : "");
-    snprintf(meta->model_digest, sizeof meta->model_digest, "%s", digest);
-    st = load_tensors(h, (const unsigned char *)buf + 8 + hlen, len - 8 - (size_t)hlen, mr, d);
+    const char *name = meta_string(md, "model"), *digest = meta_string(md, "model_digest");
+    v->meta.step = step ? strtoll(step, NULL, 10) : 0;
+    v->meta.seed = seed ? strtoull(seed, NULL, 10) : 0;
+    snprintf(v->meta.model_name, sizeof v->meta.model_name, "%s", name ? name : "");
+    snprintf(v->meta.model_digest, sizeof v->meta.model_digest, "%s", digest ? digest : "");
+    v->model_json = meta_string(md, "model_json");
+    v->data = (const unsigned char *)v->buf + 8 + hlen;
+    v->data_len = v->len - 8 - (size_t)hlen;
+  }
+  d->file = saved;
+  if (st != FF_OK)
+    ff_checkpoint_close(v);
+  return st;
+}
+
+void ff_checkpoint_close(ff_ckpt_view *v) {
+  cJSON_Delete(v->header);
+  if (v->buf)
+    munmap(v->buf, v->len);
+  memset(v, 0, sizeof *v);
+}
+
+const unsigned char *ff_checkpoint_tensor(const ff_ckpt_view *v, const char *name, int64_t rows,
+                                          int64_t cols) {
+  const cJSON *o = cJSON_GetObjectItemCaseSensitive(v->header, name);
+  const cJSON *off = o ? cJSON_GetObjectItemCaseSensitive(o, "data_offsets") : NULL;
+  const cJSON *shape = o ? cJSON_GetObjectItemCaseSensitive(o, "shape") : NULL;
+  const cJSON *dtype = o ? cJSON_GetObjectItemCaseSensitive(o, "dtype") : NULL;
+  int want_dims = cols == 1 ? 1 : 2;
+  bool ok = o && cJSON_GetArraySize(off) == 2 && cJSON_IsString(dtype) &&
+            strcmp(dtype->valuestring, "F32") == 0 && cJSON_GetArraySize(shape) == want_dims &&
+            cJSON_GetArrayItem(shape, 0)->valuedouble == (double)rows &&
+            (want_dims == 1 || cJSON_GetArrayItem(shape, 1)->valuedouble == (double)cols);
+  double a = ok ? cJSON_GetArrayItem(off, 0)->valuedouble : 0;
+  double b = ok ? cJSON_GetArrayItem(off, 1)->valuedouble : 0;
+  if (!ok || a < 0 || b > (double)v->data_len || b - a != (double)rows * (double)cols * 4)
+    return NULL;
+  return v->data + (size_t)a;
+}
+
+ff_status ff_checkpoint_load(const char *file, ff_model_rank *mr, const char *model_digest,
+                             ff_ckpt_meta *meta, ff_diag *d) {
+  ff_ckpt_view v;
+  ff_status st = ff_checkpoint_open(file, &v, d);
+  if (st != FF_OK)
+    return st;
+  const char *saved = d->file;
+  d->file = file;
+  if (strcmp(v.meta.model_digest, model_digest) != 0) {
+    ff_diag_error(d, "__metadata__.model_digest", "this checkpoint is of model \"%s\" (%s); the "
+                  "plan trains another model (%s)", v.meta.model_name[0] ? v.meta.model_name : "?",
+                  v.meta.model_digest[0] ? v.meta.model_digest : "none", model_digest);
+    st = FF_ERR_INPUT;
+  }
+  if (st == FF_OK) {
+    *meta = v.meta;
+    st = load_tensors(&v, mr, d);
     if (st == FF_OK)
       ff_model_rank_weights_changed(mr);
   }
-  cJSON_Delete(h);
-  if (buf)
-    munmap(buf, len);
+  ff_checkpoint_close(&v);
   d->file = saved;
   return st;
 }

@@ -1,6 +1,6 @@
 /* checkpoint.h — checkpoints of logical (unsharded) tensors in the safetensors format: every
  * parameter by its logical name, its two AdamW moments as "adam_m.NAME" and "adam_v.NAME", and
- * metadata (format "ff-checkpoint/1", step, seed, model name and digest). Written atomically
+ * metadata (format "ff-checkpoint/1", step, seed, model name, digest and JSON). Written atomically
  * (temporary file, fsync, rename): a failed save leaves the previous checkpoint as it was.
  * Loading copies each rank's slice of the logical tensors, so a checkpoint resumes under any
  * sharding of the same model. The metadata carries the data section's length and an FNV-1a
@@ -10,6 +10,8 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+
+#include <cjson/cJSON.h>
 
 #include "ff_diag.h"
 #include "model.h"
@@ -43,6 +45,24 @@ ff_status ff_checkpoint_end(ff_ckpt_writer *w, bool keep, ff_diag *d, char *path
 int ff_checkpoint_list(const char *dir, long long *steps, int max);
 /* The newest checkpoint in dir (by step); FF_ERR_INPUT when there is none. */
 ff_status ff_checkpoint_latest(const char *dir, char *path, size_t cap);
+/* A checkpoint mapped read-only, its header parsed and its data checked against the per-MiB
+ * checksums; meta and model_json (the model's canonical JSON; NULL in checkpoints written
+ * before it was recorded) from its metadata. Close it to unmap. */
+typedef struct ff_ckpt_view {
+  char *buf;
+  size_t len;
+  cJSON *header;
+  const unsigned char *data; /* the data section, data_len bytes */
+  size_t data_len;
+  ff_ckpt_meta meta;
+  const char *model_json; /* within header */
+} ff_ckpt_view;
+ff_status ff_checkpoint_open(const char *file, ff_ckpt_view *v, ff_diag *d);
+void ff_checkpoint_close(ff_ckpt_view *v);
+/* The little-endian F32 bytes of tensor `name` of logical shape (rows, cols); NULL when it is
+ * missing, of another dtype or shape, or not within the data. */
+const unsigned char *ff_checkpoint_tensor(const ff_ckpt_view *v, const char *name, int64_t rows,
+                                          int64_t cols);
 /* Load this rank's slices of parameters and moments; meta receives the file's metadata. A
  * checkpoint of another model (digest) or with a missing or misshapen tensor is refused. The
  * file is mapped, not read into memory, so ranks on one host share its pages. */

@@ -376,6 +376,8 @@ ff_status ff_train(const ff_plan *plan, const ff_kernels *k, const ff_comm_backe
   }
   int64_t done = 0;
   ff_signals_install(); /* before the first save: a write past a file-size limit is an error */
+  if (st == FF_OK && o->init_from)
+    st = ff_dist_init_from(&d);
   if (st == FF_OK && o->resume && o->checkpoint_dir)
     st = ff_dist_resume(&d, &done);
   if (st == FF_OK && o->checkpoint_dir && done == 0)

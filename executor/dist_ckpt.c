@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "checkpoint.h"
+#include "hf_init.h"
 #include "dist_internal.h"
 
 static int checkpoint_tag(int segment, int block) {
@@ -130,5 +131,28 @@ ff_status ff_dist_resume(dist *d, int64_t *done) {
       fprintf(stderr, "ffrun: no intact checkpoint in %s\n", d->o->checkpoint_dir);
     return FF_ERR_INPUT;
   }
+  return FF_OK;
+}
+
+ff_status ff_dist_init_from(dist *d) {
+  const char *dir = d->o->init_from;
+  ff_diag dg;
+  ff_diag_init(&dg, dir);
+  ff_status st = ff_hf_check_config(dir, &d->plan->model, &dg);
+  if (d->rank == 0) /* the same on every rank */
+    ff_diag_print(&dg, stderr);
+  ff_diag_free(&dg);
+  if (st == FF_OK) {
+    ff_diag_init(&dg, dir);
+    st = ff_hf_load(dir, &d->mr, &dg);
+    ff_diag_print(&dg, stderr); /* a rank's own tensors: each says what it could not read */
+    ff_diag_free(&dg);
+  }
+  float bad = st == FF_OK ? 0.0f : 1.0f; /* every rank must have its weights */
+  d->c->allreduce_sum(d->world, &bad, 1);
+  if (bad != 0.0f)
+    return st == FF_ERR_RUNTIME ? FF_ERR_RUNTIME : FF_ERR_INPUT;
+  if (d->rank == 0 && !d->o->quiet)
+    fprintf(stderr, "ffrun: initial weights from %s\n", dir);
   return FF_OK;
 }

@@ -184,5 +184,7 @@ double ff_dist_train_step(dist *d, int64_t step, double *norm_out, double *lr_ou
 /* dist_ckpt.c */
 ff_status ff_dist_save(dist *d, int64_t step, float *buf, float *whole);
 ff_status ff_dist_resume(dist *d, int64_t *done);
+/* Every rank takes its slices of a Hugging Face Llama directory's weights (--init-from). */
+ff_status ff_dist_init_from(dist *d);
 
 #endif

@@ -18,6 +18,7 @@ typedef struct ff_train_opts {
   const char *checkpoint_dir;
   int64_t checkpoint_every; /* 0: only at the end (when a directory is given) */
   bool resume;
+  const char *init_from; /* a Hugging Face Llama directory's weights instead of random ones */
   bool checkpoint_gradients; /* save each step's gradients too (for verification) */
   const char *metrics_file;
   bool quiet;

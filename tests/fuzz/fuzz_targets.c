@@ -24,9 +24,14 @@
 #define T_DIFF 9
 #define T_METRICS 10
 #define T_CALIBRATE 11
+#define T_SAFETENSORS 12
 
-#if FF_FUZZ_TARGET == T_TOKENS || FF_FUZZ_TARGET == T_CHECKPOINT
+#if FF_FUZZ_TARGET == T_TOKENS || FF_FUZZ_TARGET == T_CHECKPOINT || FF_FUZZ_TARGET == T_SAFETENSORS
+#include <errno.h>
+#include <sys/stat.h>
+
 #include "checkpoint.h"
+#include "hf_init.h"
 #include "data.h"
 #include "model.h"
 #endif
@@ -57,6 +62,10 @@ static bool names_files(const cJSON *root) {
 /* A temporary file for targets that read files; one per process, removed at exit. */
 static char temp_path[64];
 static void remove_temp_file(void) { remove(temp_path); }
+#if FF_FUZZ_TARGET == T_SAFETENSORS
+static char hf_dir[64];
+static void remove_hf_dir(void) { rmdir(hf_dir); }
+#endif
 
 __attribute__((unused)) static const char *temp_file(const uint8_t *data, size_t size) {
   char *path = temp_path;
@@ -156,6 +165,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (path)
     ff_checkpoint_load(path, &mr, digest, &meta, &d);
   ff_diag_free(&d);
+#elif FF_FUZZ_TARGET == T_SAFETENSORS
+  /* the input is a Hugging Face directory's model.safetensors, for a tiny untied model */
+  static ff_model m = {.name = "tiny", .layers = 1, .hidden = 8, .heads = 2, .kv_heads = 1,
+                       .ffn_hidden = 8, .vocab = 16, .seq_len = 4, .norm_eps = 1e-5, .rope_theta = 1e4};
+  static ff_model_rank mr;
+  static char file[96];
+  if (!mr.params) {
+    ff_shard_spec spec = {0, 1, true, true, {0, 2}, {0, 1}, {0, 8}, {0, 16}};
+    if (ff_model_rank_init(&mr, &m, ff_kernels_cpu(1), &spec, 1, 1, false, FF_RECOMPUTE_NONE) !=
+        FF_OK)
+      abort();
+    snprintf(hf_dir, sizeof hf_dir, "/tmp/ff-fuzz-hf-%d", (int)getpid());
+    snprintf(file, sizeof file, "%s/model.safetensors", hf_dir);
+    if (mkdir(hf_dir, 0700) != 0 && errno != EEXIST)
+      abort();
+    atexit(remove_hf_dir);
+  }
+  FILE *f = fopen(file, "wb");
+  if (!f)
+    return 0;
+  fwrite(data, 1, size, f);
+  fclose(f);
+  ff_diag d;
+  ff_diag_init(&d, "fuzz");
+  ff_hf_load(hf_dir, &mr, &d);
+  ff_diag_free(&d);
+  remove(file);
 #elif FF_FUZZ_TARGET == T_DIFF
   /* two plans, split at the first NUL byte */
   const uint8_t *cut = memchr(data, 0, size);

@@ -74,7 +74,7 @@ static bool read_step(ff_diag *d, const cJSON *root, ff_metrics_step *m) {
   if (!ff_jobj_open(&o, d, root, ""))
     return false;
   m->memory_gib = m->predicted_memory_gib = -1;
-  m->loss = m->grad_norm = NAN;
+  m->loss = m->grad_norm = m->val_loss = m->val_perplexity = NAN;
   ff_jobj_int(&o, "step", true, 0, INT64_C(1) << 53, &m->step);
   if (ff_jobj_get(&o, "loss", false))
     number_or_null(&o, "loss", &m->loss, &m->loss_finite);
@@ -94,6 +94,12 @@ static bool read_step(ff_diag *d, const cJSON *root, ff_metrics_step *m) {
   ff_jobj_num(&o, "peak_memory_gib", false, amount, &m->peak_memory_gib);
   ff_jobj_num(&o, "memory_gib", false, amount, &m->memory_gib);
   ff_jobj_num(&o, "device_used_gib", false, amount, &m->device_used_gib);
+  bool val_finite; /* null: a validation whose loss was not finite */
+  if (ff_jobj_get(&o, "val_loss", false))
+    number_or_null(&o, "val_loss", &m->val_loss, &val_finite);
+  if (ff_jobj_get(&o, "val_perplexity", false))
+    number_or_null(&o, "val_perplexity", &m->val_perplexity, &val_finite);
+  ff_jobj_int(&o, "val_tokens", false, 1, INT64_C(1) << 53, &m->val_tokens);
   const cJSON *p = ff_jobj_get(&o, "predicted", false);
   ff_jobj po;
   if (p && ff_jobj_open(&po, d, p, "predicted")) {

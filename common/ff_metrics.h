@@ -32,6 +32,9 @@ typedef struct ff_metrics_step {
   double flops_per_second, mfu, compute_seconds, other_seconds, matmul_seconds,
       attention_seconds, peak_memory_gib, memory_gib, device_used_gib;
   double predicted_iteration_seconds, predicted_memory_gib;
+  /* validation (--eval-data) after this step: NAN when not written (or null) */
+  double val_loss, val_perplexity;
+  int64_t val_tokens; /* 0: no validation after this step */
   ff_metrics_stage *stages;
   int n_stages;
 } ff_metrics_step;

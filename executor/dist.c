@@ -243,7 +243,7 @@ static void write_stages(dist *d, const double *all) {
 /* One metrics line and one progress line per step, from rank 0: the step's figures, rank 0's
  * own (compute, kernel kinds, memory) and every stage's (write_stages). */
 static void report(dist *d, int64_t step, int64_t stop, double loss, double norm, double lr,
-                   double seconds) {
+                   double seconds, const double *val) {
   ff_kernel_memory mem;
   d->k->memory(&mem);
   /* what the device holds: on a GPU the whole device's use, on the CPU this process's peak */
@@ -283,6 +283,16 @@ static void report(dist *d, int64_t step, int64_t stop, double loss, double norm
             resident_gib, mine[T_MEM_PEAK], device_gib,
             d->have_eval ? d->eval.iteration_seconds : 0.0,
             d->have_eval ? d->eval.ranks[0].memory_total_bytes / FF_GIB : 0.0);
+    if (val) {
+      char v_s[32] = "null", p_s[32] = "null";
+      if (isfinite(*val))
+        snprintf(v_s, sizeof v_s, "%.9g", *val);
+      if (isfinite(exp(*val)))
+        snprintf(p_s, sizeof p_s, "%.9g", exp(*val));
+      fprintf(d->metrics, ", \"val_loss\": %s, \"val_perplexity\": %s, \"val_tokens\": %lld", v_s,
+              p_s, (long long)(d->val_batches * d->plan->training.global_batch *
+                               d->plan->model.seq_len));
+    }
     write_stages(d, all);
     fprintf(d->metrics, "}\n");
     fflush(d->metrics);
@@ -293,9 +303,26 @@ static void report(dist *d, int64_t step, int64_t stop, double loss, double norm
             seconds * 1e3);
     if (d->plan->n_ranks > 1)
       fprintf(stderr, " | %lld ranks", (long long)d->plan->n_ranks);
+    if (val)
+      fprintf(stderr, " | val loss %.4f | val ppl %.4g", *val, exp(*val));
     fputc('\n', stderr);
   }
   free(all);
+}
+
+/* A validation between steps, kept out of the step's figures: its times and the backend's
+ * matmul and attention seconds are not the step's. */
+static double validate_now(dist *d) {
+  double saved[] = {d->t_compute, d->t_p2p, d->t_tp, d->t_dp, d->t_opt, d->c_comm};
+  double matmul0, attention0, matmul1, attention1;
+  d->k->op_seconds(&matmul0, &attention0);
+  double loss = ff_dist_validate(d, d->val_batches);
+  d->k->op_seconds(&matmul1, &attention1);
+  d->matmul_seen += matmul1 - matmul0;
+  d->attention_seen += attention1 - attention0;
+  d->t_compute = saved[0], d->t_p2p = saved[1], d->t_tp = saved[2], d->t_dp = saved[3];
+  d->t_opt = saved[4], d->c_comm = saved[5];
+  return loss;
 }
 
 static void teardown(dist *d) {
@@ -303,6 +330,7 @@ static void teardown(dist *d) {
     ff_plan_eval_free(&d->eval);
   ff_model_rank_free(&d->mr);
   ff_data_free(&d->data);
+  ff_data_free(&d->val);
   free(d->segs), free(d->tds);
   free(d->req_fwd), free(d->req_bwd), free(d->p2p_ops), free(d->req_recv), free(d->stamp_fwd);
   free(d->packed_at), free(d->sums), free(d->sum_segs);
@@ -358,6 +386,16 @@ ff_status ff_train(const ff_plan *plan, const ff_kernels *k, const ff_comm_backe
   if (d.rank == 0)
     ff_diag_print(&dg, stderr);
   ff_diag_free(&dg);
+  if (st == FF_OK && o->eval_file) {
+    ff_diag_init(&dg, o->eval_file);
+    st = ff_data_load(&d.val, o->eval_file, o->text, plan->model.vocab, plan->model.seq_len, &dg);
+    if (d.rank == 0)
+      ff_diag_print(&dg, stderr);
+    ff_diag_free(&dg);
+    int64_t per_batch = plan->training.global_batch * plan->model.seq_len;
+    int64_t fit = (d.val.n - plan->model.seq_len) / per_batch; /* batches without a repeat */
+    d.val_batches = o->eval_batches > 0 ? o->eval_batches : fit < 1 ? 1 : fit > 8 ? 8 : fit;
+  }
   if (st == FF_OK)
     st = setup(&d);
   /* checkpoints: the largest logical tensor bounds a segment sent (buf) and, on rank 0, the
@@ -392,7 +430,11 @@ ff_status ff_train(const ff_plan *plan, const ff_kernels *k, const ff_comm_backe
     double norm, lr, start = now();
     int bad = 0;
     double loss = ff_dist_train_step(&d, step, &norm, &lr, &bad);
-    report(&d, step, stop, loss, norm, lr, now() - start);
+    double seconds = now() - start;
+    bool validate = d.val.n > 0 && !bad && isfinite(loss) &&
+                    (step == stop || (o->eval_every > 0 && step % o->eval_every == 0));
+    double val = validate ? validate_now(&d) : NAN;
+    report(&d, step, stop, loss, norm, lr, seconds, validate ? &val : NULL);
     if (bad || !isfinite(loss)) {
       if (d.rank == 0)
         fprintf(stderr, "ffrun: step %lld: %s is not finite; %s\n", (long long)step,

@@ -61,6 +61,8 @@ typedef struct dist {
   ff_tp_ops tp_ops;
   ff_model_rank mr;
   ff_data data;
+  ff_data val; /* --eval-data (n = 0: none) */
+  int64_t val_batches;
   seg *segs;
   int n_segs;
   struct tensor_desc *tds;
@@ -180,6 +182,9 @@ int64_t ff_dist_seg_pack(const dist *d, const seg *sg, float *base, float *buf, 
 int64_t ff_dist_boundary_floats(const dist *d);
 /* One optimizer step; returns the loss (see there). */
 double ff_dist_train_step(dist *d, int64_t step, double *norm_out, double *lr_out, int *bad);
+/* Validation: the forwards of global batches 0 .. batches − 1 of d->val through the plan, as
+ * training runs them but without gradients; returns the mean token loss (on every rank). */
+double ff_dist_validate(dist *d, int64_t batches);
 
 /* dist_ckpt.c */
 ff_status ff_dist_save(dist *d, int64_t step, float *buf, float *whole);

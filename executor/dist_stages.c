@@ -295,19 +295,22 @@ static void compute_done(dist *d, mark m, int kind) {
   d->t_compute += ff_throttle(d->throttle, spent, cpu);
 }
 
-/* The forward of micro-batch j, whose input (not on the first stage) has arrived. */
-static void run_forward(dist *d, int64_t step, int64_t j, float grad_scale, double *loss) {
+/* The forward of micro-batch j of global batch `batch` of `data`, whose input (not on the first
+ * stage) has arrived. */
+static void run_forward(dist *d, const ff_data *data, int64_t batch, int64_t j, float grad_scale,
+                        double *loss) {
   const ff_plan *plan = d->plan;
   int64_t b = d->pl->micro_batch_size, S = plan->model.seq_len;
   int32_t *in = d->mr.inputs, *tg = d->mr.targets;
   if (d->st->embedding || d->st->lm_head)
     for (int64_t i = 0; i < b; i++)
-      ff_data_sequence(&d->data, step, d->first_seq + j * b + i, plan->training.global_batch, S,
+      ff_data_sequence(data, batch, d->first_seq + j * b + i, plan->training.global_batch, S,
                        in + i * S, tg + i * S);
   const float *x_in = d->st->embedding || d->p2p_device ? NULL : d->recv_ready;
   float *out = staging_free(d, FWD, j);
   mark m = mark_now(d);
-  d->mr.last_micro_batch = j == d->pl->micro_batches - 1; /* the head's gradients are final */
+  /* the head's gradients are final (none when validating) */
+  d->mr.last_micro_batch = !d->mr.no_grad && j == d->pl->micro_batches - 1;
   ff_model_rank_forward(&d->mr, slot_of(d, j), b, in, x_in, tg, grad_scale, out, loss);
   compute_done(d, m, FF_PHASE_FORWARD);
   if (!d->st->embedding)
@@ -324,6 +327,18 @@ static void run_backward(dist *d, int64_t j) {
   compute_done(d, m, d->mr.last_micro_batch ? FF_PHASE_LAST_BACKWARD : FF_PHASE_BACKWARD);
   if (!d->st->lm_head)
     repost_recv(d, BWD, j);
+}
+
+/* Every send started has left (its staging buffers are free again). */
+static void wait_sends(dist *d) {
+  for (int i = 0; i < d->mr.n_slots * 2 * d->n_next; i++) {
+    d->c->wait(d->req_fwd[i]);
+    d->req_fwd[i] = NULL;
+  }
+  for (int i = 0; i < d->mr.n_slots * 2 * d->n_prev; i++) {
+    d->c->wait(d->req_bwd[i]);
+    d->req_bwd[i] = NULL;
+  }
 }
 
 /* The stage's operations in 1F1B (or GPipe) order, with its transfers paired as Megatron-LM
@@ -345,13 +360,13 @@ static double run_schedule(dist *d, int64_t step) {
   }
   for (int64_t j = 0; j < w; j++) {
     exchange(d, NONE, 0, from_prev, j);
-    run_forward(d, step, j, scale, &loss);
+    run_forward(d, &d->data, step, j, scale, &loss);
     exchange(d, to_next, j, NONE, 0);
   }
   if (m > w)
     exchange(d, NONE, 0, from_prev, w);
   for (int64_t k = 0; k < m - w; k++) {
-    run_forward(d, step, w + k, scale, &loss);
+    run_forward(d, &d->data, step, w + k, scale, &loss);
     exchange(d, to_next, w + k, from_next, k);
     run_backward(d, k);
     exchange(d, to_prev, k, k + 1 < m - w ? from_prev : NONE, w + k + 1);
@@ -361,15 +376,28 @@ static double run_schedule(dist *d, int64_t step) {
     run_backward(d, j);
     exchange(d, to_prev, j, NONE, 0);
   }
-  for (int i = 0; i < d->mr.n_slots * 2 * d->n_next; i++) {
-    d->c->wait(d->req_fwd[i]);
-    d->req_fwd[i] = NULL;
-  }
-  for (int i = 0; i < d->mr.n_slots * 2 * d->n_prev; i++) {
-    d->c->wait(d->req_bwd[i]);
-    d->req_bwd[i] = NULL;
-  }
+  wait_sends(d);
   return loss;
+}
+
+double ff_dist_validate(dist *d, int64_t batches) {
+  int64_t m = d->pl->micro_batches;
+  int from_prev = d->st->embedding ? NONE : FWD, to_next = d->st->lm_head ? NONE : FWD;
+  double loss = 0;
+  d->mr.no_grad = true;
+  for (int64_t t = 0; t < batches; t++) {
+    for (int64_t j = 0; j < 2 && j < m && !d->p2p_device && from_prev != NONE; j++)
+      post_recv(d, FWD, j);
+    for (int64_t j = 0; j < m; j++) {
+      exchange(d, NONE, 0, from_prev, j);
+      run_forward(d, &d->val, t, j, 0.0f, &loss);
+      exchange(d, to_next, j, NONE, 0);
+    }
+    wait_sends(d);
+  }
+  d->mr.no_grad = false;
+  d->c->allreduce_sum_f64(d->world, &loss, 1);
+  return loss / (double)(batches * d->plan->training.global_batch * d->plan->model.seq_len);
 }
 
 /* One step. Returns the loss; *bad counts the ranks whose own gradients were not finite (then

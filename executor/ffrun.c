@@ -62,6 +62,11 @@ static void usage(FILE *out) {
           "  --init-from DIR         start from a Hugging Face Llama directory's weights\n"
           "                          (config.json, model.safetensors or its sharded index);\n"
           "                          with --resume, a checkpoint in D is taken instead\n"
+          "  --eval-data FILE        validation data, of --data's or --text's kind: its loss and\n"
+          "                          perplexity after the last step and ...\n"
+          "  --eval-every N          ... every N steps (metrics: val_loss, val_perplexity)\n"
+          "  --eval-batches K        global batches per validation (default: those the file\n"
+          "                          holds without repeating a token, at most 8)\n"
           "  --checkpoint-gradients  also save each checkpointed step's gradients (verification)\n"
           "  --on-save-error A       stop (default) or continue when a checkpoint cannot be written\n"
           "  --on-nan A              stop (default) or skip a step whose loss or gradient is not\n"
@@ -304,7 +309,9 @@ static int parse(int argc, char **argv, cli *c, bool *done) {
     } else if (strcmp(a, "--backend") == 0 || strcmp(a, "--data") == 0 || strcmp(a, "--text") == 0 ||
                strcmp(a, "--steps") == 0 || strcmp(a, "--checkpoint-dir") == 0 ||
                strcmp(a, "--checkpoint-every") == 0 || strcmp(a, "--metrics") == 0 ||
-               strcmp(a, "--threads") == 0 || strcmp(a, "--init-from") == 0) {
+               strcmp(a, "--threads") == 0 || strcmp(a, "--init-from") == 0 ||
+               strcmp(a, "--eval-data") == 0 || strcmp(a, "--eval-every") == 0 ||
+               strcmp(a, "--eval-batches") == 0) {
       if (!(v = value(argc, argv, &i)))
         return FF_ERR_INPUT;
       if (strcmp(a, "--backend") == 0) {
@@ -325,6 +332,8 @@ static int parse(int argc, char **argv, cli *c, bool *done) {
         c->train.metrics_file = v;
       } else if (strcmp(a, "--init-from") == 0) {
         c->train.init_from = v;
+      } else if (strcmp(a, "--eval-data") == 0) {
+        c->train.eval_file = v;
       } else {
         char *end;
         long long n = strtoll(v, &end, 10);
@@ -336,6 +345,10 @@ static int parse(int argc, char **argv, cli *c, bool *done) {
           c->train.steps = n;
         else if (strcmp(a, "--checkpoint-every") == 0)
           c->train.checkpoint_every = n;
+        else if (strcmp(a, "--eval-every") == 0)
+          c->train.eval_every = n;
+        else if (strcmp(a, "--eval-batches") == 0)
+          c->train.eval_batches = n;
         else
           c->threads = (int)n;
       }
@@ -355,6 +368,10 @@ static int parse(int argc, char **argv, cli *c, bool *done) {
   }
   if (!c->dry && !c->train.data_file) {
     fprintf(stderr, "ffrun: training needs --data FILE or --text FILE (or use --dry-run)\n");
+    return FF_ERR_INPUT;
+  }
+  if ((c->train.eval_every || c->train.eval_batches) && !c->train.eval_file) {
+    fprintf(stderr, "ffrun: --eval-every and --eval-batches need --eval-data FILE\n");
     return FF_ERR_INPUT;
   }
   if ((c->train.resume || c->train.checkpoint_every) && !c->train.checkpoint_dir) {

@@ -101,6 +101,8 @@ typedef struct ff_model_rank {
   void (*grads_final)(void *ctx, int first, int n);
   void *grads_ctx;
   bool last_micro_batch;
+  /* forward only (validation): the head computes its loss but no gradient */
+  bool no_grad;
 } ff_model_rank;
 
 /* Build the tensor table and allocate for `n_slots` micro-batches of `micro_batch` sequences in

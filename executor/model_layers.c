@@ -293,6 +293,8 @@ static void head_forward_backward(ff_model_rank *mr, const float *x_final, int64
   k->to_host(mr->host_loss, mr->loss, (size_t)N * sizeof *mr->host_loss);
   for (int i = 0; i < N; i++)
     *loss_sum += mr->host_loss[i];
+  if (mr->no_grad)
+    return;
   float *dh = mr->scratch_b;
   if (dlogits16)
     k->matmul_bwd_bf16(dh, head_g, dlogits16, h16, half_of(mr, head_w), N, C, V);
@@ -353,7 +355,8 @@ void ff_model_rank_forward(ff_model_rank *mr, int slot, int64_t b, const int32_t
     head_forward_backward(mr, last, b, grad_scale, slot_rows(mr->dx_final, slot, mr->tokens, C),
                           loss_sum);
     int head_first = (int)(mr->spec.embedding + mr->n_layers * TENSORS_PER_LAYER);
-    grads_final(mr, head_first, mr->n_tensors - head_first);
+    if (!mr->no_grad)
+      grads_final(mr, head_first, mr->n_tensors - head_first);
   } else if (x_out) {
     k->to_host(x_out, last, (size_t)(N * C) * sizeof(float));
   }

@@ -19,6 +19,10 @@ typedef struct ff_train_opts {
   int64_t checkpoint_every; /* 0: only at the end (when a directory is given) */
   bool resume;
   const char *init_from; /* a Hugging Face Llama directory's weights instead of random ones */
+  /* validation: the loss over eval_batches global batches of eval_file (read as data_file is:
+   * tokens, or text with `text`), after every eval_every-th step (0: none but) and the last */
+  const char *eval_file;
+  int64_t eval_every, eval_batches; /* eval_batches 0: as many as fit, at most 8 */
   bool checkpoint_gradients; /* save each step's gradients too (for verification) */
   const char *metrics_file;
   bool quiet;

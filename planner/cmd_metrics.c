@@ -40,6 +40,9 @@ static const column columns[] = {
     COL(device_used_gib),
     COL(predicted_iteration_seconds),
     COL(predicted_memory_gib),
+    COL(val_loss),
+    COL(val_perplexity),
+    {"val_tokens", offsetof(ff_metrics_step, val_tokens), INTEGER},
 };
 #undef COL
 #define S_COL(k) {#k, offsetof(ff_metrics_stage, k), REAL}
@@ -146,6 +149,16 @@ static void summary(const char *file, const ff_metrics *m) {
              100 * (last->predicted_iteration_seconds - med) / med);
   }
   printf("  memory peak %.3f GiB%s\n", peak, last->ranks > 1 ? " (rank 0)" : "");
+  const ff_metrics_step *v0 = NULL, *v1 = NULL; /* the first and last validations */
+  for (int i = 0; i < m->n_steps; i++)
+    if (m->steps[i].val_tokens > 0) {
+      v0 = v0 ? v0 : &m->steps[i];
+      v1 = &m->steps[i];
+    }
+  if (v0)
+    printf("  validation loss %.6g (step %lld) -> %.6g (step %lld), perplexity %.6g, %lld tokens\n",
+           v0->val_loss, (long long)v0->step, v1->val_loss, (long long)v1->step, v1->val_perplexity,
+           (long long)v1->val_tokens);
   free(t);
 }
 

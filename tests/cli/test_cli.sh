@@ -149,10 +149,25 @@ checks=$((checks + 1))
 # ffplan metrics: a run's metrics through the strict reader, summarised or as columns; a bad
 # line is named by file and line, with exit status 2.
 expect_status 0 "ffrun, 3 steps with metrics" "$ffrun" tests/plans/one-rank.json --text LICENSE \
-  --steps 3 --quiet --metrics "$tmp/run.jsonl"
+  --steps 3 --quiet --metrics "$tmp/run.jsonl" --eval-data README.md --eval-every 2 --eval-batches 1
 expect_status 0 "ffplan metrics (summary)" "$ffplan" metrics "$tmp/run.jsonl"
 expect_grep "$tmp/out" "3 steps (1 to 3) on 1 rank" "the summary counts the steps"
 expect_grep "$tmp/out" "predicted .* %)" "the summary sets the prediction against the run"
+expect_grep "$tmp/out" "validation loss .* (step 2) -> .* (step 3), perplexity .*, 512 tokens" \
+  "the summary gives the first and last validation"
+expect_status 0 "ffplan metrics --get val_loss" "$ffplan" metrics "$tmp/run.jsonl" \
+  --get step,val_loss,val_perplexity,val_tokens
+checks=$((checks + 1))
+python3 - "$tmp/run.jsonl" "$tmp/out" <<'PY' || { echo "FAIL: --get val_* differs from the file"; failures=$((failures + 1)); }
+import json, math, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[2])]
+assert [r[0] for r in rows] == ["1", "2", "3"], rows
+assert rows[0][1:] == ["null", "null", "0"], rows[0]
+for j, r in zip(lines[1:], rows[1:]):
+    assert float(r[1]) == j["val_loss"] and int(r[3]) == j["val_tokens"] == 512, (j, r)
+    assert abs(float(r[2]) - math.exp(j["val_loss"])) <= 1e-6 * float(r[2]), (j, r)
+PY
 expect_status 0 "ffplan metrics --get" "$ffplan" metrics "$tmp/run.jsonl" --get step,loss,ranks
 checks=$((checks + 1))
 if ! python3 - "$tmp/run.jsonl" "$tmp/out" <<'PY'; then
@@ -173,6 +188,9 @@ expect_status 2 "ffplan metrics --get an unknown key" "$ffplan" metrics "$tmp/ru
 expect_grep "$tmp/err" "lose: not a key of a metrics line; the keys: step" \
   "the unknown key is named"
 expect_status 2 "ffplan metrics --stages without --get" "$ffplan" metrics "$tmp/run.jsonl" --stages
+sed '2s/"val_tokens": [0-9]*/"val_tokens": 0/' "$tmp/run.jsonl" >"$tmp/bad.jsonl"
+expect_status 2 "ffplan metrics on a validation of no tokens" "$ffplan" metrics "$tmp/bad.jsonl"
+expect_grep "$tmp/err" "bad.jsonl:2: val_tokens" "the bad validation is named by file, line and key"
 sed '2s/"loss": [^,]*/"loss": "low"/' "$tmp/run.jsonl" >"$tmp/bad.jsonl"
 expect_status 2 "ffplan metrics on a bad line" "$ffplan" metrics "$tmp/bad.jsonl" --get loss
 expect_grep "$tmp/err" "bad.jsonl:2: loss" "the bad line is named by file, line and key"

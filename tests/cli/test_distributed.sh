@@ -5,8 +5,9 @@
 # with the one-rank run to relative 1e-5. Then: 3 steps under one plan, a checkpoint, and 3 more
 # under another plan equal 6 steps on one rank; and a killed rank ends the whole job with a
 # non-zero status within 60 s, leaving the last checkpoint intact; full recompute changes no
-# value. The copying paths of the GPU backend are taken on the CPU too (FF_TEST_STAGED_CPU,
-# FF_TEST_DEVICE_COMM), and --comm is checked. Metrics are read through `ffplan metrics`, the
+# value. The validation loss (--eval-data) after step 5 agrees with one rank's too. The copying
+# paths of the GPU backend are taken on the CPU too (FF_TEST_STAGED_CPU, FF_TEST_DEVICE_COMM),
+# and --comm is checked. Metrics are read through `ffplan metrics`, the
 # strict reader, never as raw JSON.
 set -u
 ffrun=$1 ffplan=$2
@@ -58,15 +59,19 @@ sys.exit(1 if bad else 0)
 }
 
 # The one-rank reference: 6 steps, a checkpoint at every step.
+# Validation on README.md's bytes (2 global batches) after step 5 and the last.
+val=(--eval-data README.md --eval-every 5 --eval-batches 2)
 "$ffrun" tests/plans/one-rank.json --text LICENSE --steps 6 --quiet --metrics "$tmp/ref6.jsonl" \
-  --checkpoint-dir "$tmp/ref" --checkpoint-every 1 || fail "the one-rank run"
+  --checkpoint-dir "$tmp/ref" --checkpoint-every 1 "${val[@]}" || fail "the one-rank run"
+val_at5() { "$ffplan" metrics "$1" --get step,val_loss | awk -F '\t' '$1 == 5 { print $2 }'; }
+ref_val=$(val_at5 "$tmp/ref6.jsonl")
 head -5 "$tmp/ref6.jsonl" >"$tmp/ref5.jsonl"
 
 for plan in tests/plans/*.json; do
   name=$(basename "$plan" .json)
   n=$(ranks "$plan")
   checks=$((checks + 1))
-  if ! timeout 300 mpirun -np "$n" "$ffrun" "$plan" --text LICENSE --steps 5 --quiet \
+  if ! timeout 300 mpirun -np "$n" "$ffrun" "$plan" --text LICENSE --steps 5 --quiet "${val[@]}" \
       --metrics "$tmp/$name.jsonl" --checkpoint-dir "$tmp/$name" >"$tmp/$name.log" 2>&1; then
     fail "$name ($n ranks) did not train"; tail -5 "$tmp/$name.log"; continue
   fi
@@ -80,7 +85,13 @@ for plan in tests/plans/*.json; do
     { fail "$name: final weights differ from one rank"; cat "$tmp/cmp"; }
   checks=$((checks + 1))
   memory_matches "$plan" "$tmp/$name.jsonl" || fail "$name: memory differs from the prediction"
+  checks=$((checks + 1))
+  got_val=$(val_at5 "$tmp/$name.jsonl")
+  awk -v a="$got_val" -v b="$ref_val" 'BEGIN { d = a - b; d = d < 0 ? -d : d
+    exit !(a != "" && a != "null" && b != "" && d <= 1e-5 * b) }' ||
+    fail "$name: validation loss $got_val after step 5, one rank's $ref_val"
 done
+echo "validation loss after step 5: $ref_val on one rank, equal under every plan"
 [ "$(ls tests/plans/*.json | wc -l)" -ge 10 ] || fail "fewer than ten plans"
 
 # Resume under another plan: 3 steps under A, 3 more under B == 6 steps on one rank.
@@ -178,11 +189,16 @@ for name in everything dp2-tp2-beside-tp4 tp4-gqa pp4-tp-1-2-4-1 pp3-one-layer-s
   checks=$((checks + 3))
   FF_CHECK_COMM_ORDER=1 FF_TEST_STAGED_CPU=1 FF_TEST_DEVICE_COMM=1 timeout 300 \
     mpirun -np "$(ranks tests/plans/$name.json)" "$ffrun" \
-    tests/plans/$name.json --text LICENSE --steps 5 --quiet --metrics "$tmp/devcomm-$name.jsonl" \
+    tests/plans/$name.json --text LICENSE --steps 5 --quiet --metrics "$tmp/devcomm-$name.jsonl" "${val[@]}" \
     --checkpoint-dir "$tmp/devcomm-$name" >"$tmp/devcomm.log" 2>&1 || { fail "device comm $name"; tail -5 "$tmp/devcomm.log"; }
   grep -q "order check: [0-9]* ranks issued their collectives in one order" "$tmp/devcomm.log" ||
     fail "device comm $name: the order checker did not pass the run"
   losses_agree "$tmp/ref5.jsonl" "$tmp/devcomm-$name.jsonl" >/dev/null || fail "device comm $name: losses differ"
+  checks=$((checks + 1))
+  got_val=$(val_at5 "$tmp/devcomm-$name.jsonl")
+  awk -v a="$got_val" -v b="$ref_val" 'BEGIN { d = a - b; d = d < 0 ? -d : d
+    exit !(a != "" && a != "null" && d <= 1e-5 * b) }' ||
+    fail "device comm $name: validation loss $got_val, one rank's $ref_val"
   python3 "$compare" "$tmp/devcomm-$name/step-00000005.safetensors" "$tmp/ref/step-00000005.safetensors" \
     >/dev/null || fail "device comm $name: final weights differ from one rank"
 done

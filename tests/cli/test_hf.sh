@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_hf.sh FFRUN — Hugging Face checkpoints in and out, against transformers, offline.
+# test_hf.sh FFRUN FFPLAN — Hugging Face checkpoints in and out, against transformers, offline.
 # `ffrun --init-from DIR`: tiny Llamas
 # made with transformers (random weights, GQA untied, multi-head tied), saved with
 # save_pretrained (fp32 in one file; bf16 in shards with an index), trained one step by ffrun
@@ -10,12 +10,14 @@
 # `ffrun export`: 3 steps trained under TP 3:1 + PP 2 (and the tied model under TP 3:1), exported
 # in fp32 (one file) and bf16 (shards): transformers loads each, and its weights equal the
 # checkpoint's exactly (bf16: rounded to nearest even, as torch rounds); the export trains on
-# from --init-from with transformers' loss. Bad exports exit 2 and leave an earlier one intact.
+# from --init-from with transformers' loss, and the validation loss ffrun reported after step 3
+# (--eval-data) is transformers' on the same sequences. Bad exports exit 2 and leave an earlier
+# one intact.
 # Sharded loading: under TP 2 + PP 2, each rank's peak resident set with --init-from of a 146 MB
 # model exceeds its peak without (random initial weights) by less than half the model.
 # Needs .venv (scripts/setup) with transformers.
 set -u
-ffrun=$1
+ffrun=$1 ffplan=$2
 py=.venv/bin/python
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -124,6 +126,26 @@ compare "$tmp/m4.jsonl" tied "tied, fp32, TP 3:1"
 run 2 tied-tp31.json tied-bf16 m5.jsonl
 compare "$tmp/m5.jsonl" tied-bf16 "tied, bf16 shards, TP 3:1"
 
+# scripts/hf-model: config.json to the plan's model (the test plans' "tiny-gqa" but for its name).
+expect 0 "" scripts/hf-model "$tmp/gqa/config.json" --seq-len 64 -o "$tmp/gqa-model.json"
+expect 0 "" "$ffplan" validate "$tmp/gqa-model.json"
+checks=$((checks + 1))
+python3 - "$tmp/gqa-model.json" "$tmp/gqa-1rank.json" <<'PY' || fail "scripts/hf-model wrote another model"
+import json, sys
+got, want = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))["inputs"]["model"]
+keys = ("layers hidden heads kv_heads ffn_hidden vocab seq_len norm norm_eps activation "
+        "rope_theta tied_embeddings").split()
+diff = [k for k in keys if got.get(k) != want.get(k)]
+assert not diff and got["format"] == "ff-model/1" and got["name"] == "gqa", (diff, got)
+PY
+cp -r "$tmp/gqa" "$tmp/scaled"
+python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); c['rope_scaling']={'rope_type': 'llama3', 'factor': 8.0}; json.dump(c, open(p, 'w'))" "$tmp/scaled/config.json"
+expect 2 "config.json: rope_scaling: is set" scripts/hf-model "$tmp/scaled/config.json" -o "$tmp/x.json"
+expect 2 "rope_scaling" "$ffrun" "$tmp/gqa-1rank.json" --text LICENSE --init-from "$tmp/scaled" --quiet
+expect 2 "nowhere/config.json: cannot open" scripts/hf-model "$tmp/nowhere/config.json" -o "$tmp/x.json"
+checks=$((checks + 1))
+[ ! -e "$tmp/x.json" ] || fail "a refused scripts/hf-model wrote its output"
+
 # Bad directories: status 2, the file and what is wrong named.
 cp -r "$tmp/gqa" "$tmp/wide"
 sed -i 's/"hidden_size": 64/"hidden_size": 128/' "$tmp/wide/config.json"
@@ -156,7 +178,8 @@ expect 2 "config.json: cannot open" "$ffrun" "$tmp/gqa-1rank.json" --text LICENS
 
 # ---- export ---------------------------------------------------------------------------------
 expect 0 "" timeout 300 mpirun -np 4 --oversubscribe "$ffrun" "$tmp/gqa-pp2-tp31.json" --text LICENSE \
-  --init-from "$tmp/gqa" --steps 3 --quiet --checkpoint-dir "$tmp/ck"
+  --init-from "$tmp/gqa" --steps 3 --quiet --checkpoint-dir "$tmp/ck" --eval-data README.md \
+  --eval-batches 2 --metrics "$tmp/m-ck.jsonl"
 expect 0 "" timeout 300 mpirun -np 2 --oversubscribe "$ffrun" "$tmp/tied-tp31.json" --text LICENSE \
   --init-from "$tmp/tied" --steps 3 --quiet --checkpoint-dir "$tmp/ck-tied"
 expect 0 "" "$ffrun" export "$tmp/ck" -o "$tmp/e32" --quiet
@@ -208,8 +231,21 @@ with torch.no_grad():
     loss = torch.nn.functional.cross_entropy(m(x).logits.reshape(-1, 256), y.reshape(-1)).item()
 losses = json.load(open(d + "/losses.json"))
 losses["e32"] = loss
+# and its validation loss: 2 global batches of README.md's bytes, sequence j of batch t at
+# ((t * 8 + j) * 64) mod (n - 64), as ffrun --eval-data reads them
+val = list(open("README.md", "rb").read())
+seqs = [val[((t * B + j) * S) % (len(val) - S):][: S + 1] for t in range(2) for j in range(B)]
+vx, vy = torch.tensor([q[:S] for q in seqs]), torch.tensor([q[1:] for q in seqs])
+with torch.no_grad():
+    losses["val_e32"] = torch.nn.functional.cross_entropy(m(vx).logits.reshape(-1, 256), vy.reshape(-1)).item()
 json.dump(losses, open(d + "/losses.json", "w"))
 PY
+checks=$((checks + 1))
+got=$(sed -n 's/.*"val_loss": \([0-9.e+-]*\).*/\1/p' "$tmp/m-ck.jsonl" | tail -1)
+want=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['val_e32'])" "$tmp/losses.json")
+awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 1e-4 * b) }' ||
+  fail "validation after step 3 under TP 3:1 + PP 2: ffrun $got, transformers $want"
+echo "validation loss after step 3, TP 3:1 + PP 2: ffrun $got, transformers $want"
 run 1 gqa-1rank.json e32 m6.jsonl
 compare "$tmp/m6.jsonl" e32 "export, then --init-from, one rank"
 

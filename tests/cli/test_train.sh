@@ -117,6 +117,12 @@ expect 2 "" "$ffrun" profiles/plans/tiny-1rank.json --text LICENSE --quiet --che
 checks=$((checks + 1))
 diff -r "$tmp/a" "$tmp/a-before" >/dev/null || fail "a refused run changed the checkpoint directory"
 expect 2 "needs --data FILE or --text FILE" "$ffrun" "$plan"
+# Validation data is checked as training data is; its options need it.
+expect 2 "--eval-every and --eval-batches need --eval-data FILE" "$ffrun" "$plan" --text LICENSE --eval-every 2
+expect 2 "nowhere.bin: cannot open" "$ffrun" "$plan" --text LICENSE --eval-data "$tmp/nowhere.bin" --quiet
+expect 2 "holds uint16 tokens (magic 20240520), which cannot name the model's vocab of 100352" \
+  "$ffrun" "$tmp/big-1rank.json" --data "$tmp/big32.bin" --eval-data "$tmp/big16.bin" --quiet
+expect 2 "expects a positive integer" "$ffrun" "$plan" --text LICENSE --eval-data LICENSE --eval-batches 0
 # A ZeRO-1 plan counts on sharded optimizer state, which ffrun does not shard: refused up front.
 python3 - "$plan" "$tmp/zero1.json" <<'PY'
 import json, sys

@@ -586,73 +586,6 @@ static int profile_main(int argc, char **argv) {
   return ff_profile(argc, argv, &o, out, model, use_gpu);
 }
 
-/* "5GB", "500MB", "64KiB", "1000": bytes (decimal units as transformers' max_shard_size; KiB,
- * MiB, GiB binary); 0 when not a positive size. */
-static uint64_t parse_size(const char *v) {
-  char *end;
-  errno = 0;
-  double x = strtod(v, &end);
-  static const struct {
-    const char *unit;
-    double scale;
-  } units[] = {{"", 1},      {"B", 1},        {"KB", 1e3},        {"MB", 1e6},
-               {"GB", 1e9},  {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
-  for (size_t i = 0; errno == 0 && end != v && x > 0 && i < sizeof units / sizeof units[0]; i++)
-    if (strcmp(end, units[i].unit) == 0 && x * units[i].scale >= 1 && x * units[i].scale < 1e18)
-      return (uint64_t)(x * units[i].scale);
-  return 0;
-}
-
-/* ffrun export CHECKPOINT -o DIR [--dtype fp32|bf16] [--max-shard-size SIZE] [--plan PLAN] */
-static int export_main(int argc, char **argv) {
-  ff_export_opts o = {.max_shard_bytes = 5000000000ull};
-  for (int i = 2; i < argc; i++) {
-    const char *v;
-    if (strcmp(argv[i], "-o") == 0 && (v = value(argc, argv, &i)))
-      o.out_dir = v;
-    else if (strcmp(argv[i], "--dtype") == 0 && (v = value(argc, argv, &i))) {
-      if (strcmp(v, "fp32") && strcmp(v, "bf16")) {
-        fprintf(stderr, "ffrun export: --dtype \"%s\" is not one of: fp32, bf16\n", v);
-        return FF_ERR_INPUT;
-      }
-      o.bf16 = strcmp(v, "bf16") == 0;
-    } else if (strcmp(argv[i], "--max-shard-size") == 0 && (v = value(argc, argv, &i))) {
-      if (!(o.max_shard_bytes = parse_size(v))) {
-        fprintf(stderr, "ffrun export: --max-shard-size \"%s\": expected a size such as 5GB, "
-                "500MB or 64KiB\n", v);
-        return FF_ERR_INPUT;
-      }
-    } else if (strcmp(argv[i], "--plan") == 0 && (v = value(argc, argv, &i)))
-      o.plan_file = v;
-    else if (strcmp(argv[i], "--quiet") == 0)
-      o.quiet = true;
-    else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-      printf("usage: ffrun export CHECKPOINT -o DIR [--dtype fp32|bf16] [--max-shard-size SIZE]\n"
-             "                    [--plan PLAN] [--quiet]\n"
-             "Writes a checkpoint (a file, or a checkpoint directory's newest intact one) as a\n"
-             "Hugging Face Llama directory: config.json and model.safetensors, or shards of at\n"
-             "most SIZE (default 5GB) with model.safetensors.index.json. --dtype: fp32 (default,\n"
-             "the checkpoint's weights exactly) or bf16 (rounded to nearest even). --plan: the\n"
-             "plan it was trained under, for checkpoints that do not record their model.\n");
-      return 0;
-    } else if (argv[i][0] != '-' && !o.checkpoint)
-      o.checkpoint = argv[i];
-    else {
-      if (i < argc)
-        fprintf(stderr, "ffrun export: unexpected argument \"%s\" (usage: ffrun export "
-                "CHECKPOINT -o DIR [--dtype fp32|bf16] [--max-shard-size SIZE] [--plan PLAN])\n",
-                argv[i]);
-      return FF_ERR_INPUT;
-    }
-  }
-  if (!o.checkpoint || !o.out_dir) {
-    fprintf(stderr, "ffrun export: %s is required (usage: ffrun export CHECKPOINT -o DIR)\n",
-            !o.checkpoint ? "CHECKPOINT (a checkpoint file or directory)" : "-o DIR");
-    return FF_ERR_INPUT;
-  }
-  return ff_hf_export(&o);
-}
-
 int main(int argc, char **argv) {
   ff_blas_core_select(argv); /* before anything else: it may start the program again */
 #ifdef __linux__
@@ -663,7 +596,7 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "profile") == 0)
     return profile_main(argc, argv);
   if (argc > 1 && strcmp(argv[1], "export") == 0)
-    return export_main(argc, argv);
+    return ff_export_main(argc, argv);
   cli c;
   bool done = false;
   int rc = parse(argc, argv, &c, &done);

@@ -24,4 +24,8 @@ typedef struct ff_export_opts {
  * unless every file was written. */
 ff_status ff_hf_export(const ff_export_opts *o);
 
+/* `ffrun export CHECKPOINT -o DIR [--dtype fp32|bf16] [--max-shard-size SIZE] [--plan PLAN]`:
+ * argv[1] is "export"; returns the exit status. */
+int ff_export_main(int argc, char **argv);
+
 #endif

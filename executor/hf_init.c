@@ -15,13 +15,23 @@
 #include <unistd.h>
 
 enum { HF_MAX_FILES = 1024 };
+
+/* An error about `file` (at JSON path `key`, or the file as a whole when NULL): the message is
+ * named by that file rather than by the directory the diagnostics were opened for. */
+#define hf_error(d, file_, key, ...)                                                            \
+  do {                                                                                          \
+    const char *hf_saved_ = (d)->file;                                                          \
+    (d)->file = (file_);                                                                        \
+    ff_diag_error((d), (key), __VA_ARGS__);                                                     \
+    (d)->file = hf_saved_;                                                                      \
+  } while (0)
 #define HF_HEADER_MAX (100u << 20) /* bytes of JSON header: beyond it the file is not sane */
 
 /* A file's whole text, or NULL having said why (with the file's name). */
 static char *read_text(const char *path, ff_diag *d) {
   FILE *f = fopen(path, "rb");
   if (!f) {
-    ff_diag_error(d, NULL, "%s: cannot open: %s", path, strerror(errno));
+    hf_error(d, path, NULL, "cannot open: %s", strerror(errno));
     return NULL;
   }
   char *buf = NULL;
@@ -32,7 +42,7 @@ static char *read_text(const char *path, ff_diag *d) {
   } else {
     free(buf);
     buf = NULL;
-    ff_diag_error(d, NULL, "%s: cannot read (or larger than 64 MiB)", path);
+    hf_error(d, path, NULL, "cannot read (or larger than 64 MiB)");
   }
   fclose(f);
   return buf;
@@ -45,7 +55,7 @@ static cJSON *read_json(const char *path, ff_diag *d) {
   cJSON *j = cJSON_Parse(text);
   free(text);
   if (!j || !cJSON_IsObject(j)) {
-    ff_diag_error(d, NULL, "%s: not a JSON object", path);
+    hf_error(d, path, NULL, "not a JSON object");
     cJSON_Delete(j);
     return NULL;
   }
@@ -63,7 +73,7 @@ static bool number(const cJSON *c, const char *path, const char *key, double dfl
     return true;
   }
   if (!cJSON_IsNumber(v)) {
-    ff_diag_error(d, key, "%s: %s, expected a number", path, v ? "is not a number" : "is missing");
+    hf_error(d, path, key, "%s, expected a number", v ? "is not a number" : "is missing");
     return false;
   }
   *out = v->valuedouble;
@@ -74,7 +84,7 @@ static bool same(const char *path, const char *key, double got, double want, con
                  double tol, ff_diag *d) {
   if (fabs(got - want) <= tol * fabs(want))
     return true;
-  ff_diag_error(d, key, "%s: is %.10g, but the plan's model has %s %.10g", path, got, field, want);
+  hf_error(d, path, key, "is %.10g, but the plan's model has %s %.10g", got, field, want);
   return false;
 }
 
@@ -87,19 +97,19 @@ ff_status ff_hf_check_config(const char *dir, const ff_model *m, ff_diag *d) {
   bool ok = true;
   const cJSON *type = cJSON_GetObjectItemCaseSensitive(c, "model_type");
   if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "llama") == 0)) {
-    ff_diag_error(d, "model_type", "%s: is not \"llama\", the architecture ffrun trains", path);
+    hf_error(d, path, "model_type", "is not \"llama\", the architecture ffrun trains");
     ok = false;
   }
   const cJSON *act = cJSON_GetObjectItemCaseSensitive(c, "hidden_act");
   if (act && !(cJSON_IsString(act) && strcmp(act->valuestring, "silu") == 0)) {
-    ff_diag_error(d, "hidden_act", "%s: is not \"silu\" (SwiGLU, the plan's activation)", path);
+    hf_error(d, path, "hidden_act", "is not \"silu\" (SwiGLU, the plan's activation)");
     ok = false;
   }
   const char *absent[] = {"rope_scaling", "attention_bias", "mlp_bias"};
   for (int i = 0; i < 3; i++) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, absent[i]);
     if (v && !cJSON_IsNull(v) && !cJSON_IsFalse(v)) {
-      ff_diag_error(d, absent[i], "%s: is set, which ffrun's Llama does not have", path);
+      hf_error(d, path, absent[i], "is set, which ffrun's Llama does not have");
       ok = false;
     }
   }
@@ -130,11 +140,11 @@ ff_status ff_hf_check_config(const char *dir, const ff_model *m, ff_diag *d) {
   const cJSON *tied = cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings");
   bool is_tied = cJSON_IsTrue(tied);
   if (tied && !cJSON_IsBool(tied)) {
-    ff_diag_error(d, "tie_word_embeddings", "%s: expected true or false", path);
+    hf_error(d, path, "tie_word_embeddings", "expected true or false");
     ok = false;
   } else if (is_tied != m->tied_embeddings) {
-    ff_diag_error(d, "tie_word_embeddings", "%s: is %s, but the plan's model has tied_embeddings "
-                  "%s", path, is_tied ? "true" : "false", m->tied_embeddings ? "true" : "false");
+    hf_error(d, path, "tie_word_embeddings", "is %s, but the plan's model has tied_embeddings "
+                  "%s", is_tied ? "true" : "false", m->tied_embeddings ? "true" : "false");
     ok = false;
   }
   cJSON_Delete(c);
@@ -175,7 +185,7 @@ static st_file *open_file(hf_dir *h, const char *name, ff_diag *d) {
     if (strcmp(h->files[i].path, path) == 0)
       return &h->files[i];
   if (strchr(name, '/') || h->n_files == HF_MAX_FILES) {
-    ff_diag_error(d, NULL, "%s: not a shard file of the directory", path);
+    hf_error(d, path, NULL, "not a shard file of the directory");
     return NULL;
   }
   st_file *f = &h->files[h->n_files];
@@ -184,7 +194,7 @@ static st_file *open_file(hf_dir *h, const char *name, ff_diag *d) {
   int fd = open(path, O_RDONLY);
   struct stat sb;
   if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    ff_diag_error(d, NULL, "%s: cannot open%s%s", path, fd < 0 ? ": " : " as a regular file",
+    hf_error(d, path, NULL, "cannot open%s%s", fd < 0 ? ": " : " as a regular file",
                   fd < 0 ? strerror(errno) : "");
     if (fd >= 0)
       close(fd);
@@ -194,7 +204,7 @@ static st_file *open_file(hf_dir *h, const char *name, ff_diag *d) {
   void *p = f->len ? mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
   close(fd);
   if (p == MAP_FAILED) {
-    ff_diag_error(d, NULL, "%s: cannot map %zu bytes: %s", path, f->len, strerror(errno));
+    hf_error(d, path, NULL, "cannot map %zu bytes: %s", f->len, strerror(errno));
     return NULL;
   }
   f->buf = p;
@@ -203,7 +213,7 @@ static st_file *open_file(hf_dir *h, const char *name, ff_diag *d) {
   for (int i = 0; f->len >= 8 && i < 8; i++)
     hlen |= (uint64_t)f->buf[i] << (8 * i);
   if (f->len < 8 || hlen > f->len - 8 || hlen > HF_HEADER_MAX) {
-    ff_diag_error(d, NULL, "%s: %s", path, f->len < 8 ? "shorter than a safetensors file's "
+    hf_error(d, path, NULL, "%s", f->len < 8 ? "shorter than a safetensors file's "
                   "8-byte header length" : hlen > HF_HEADER_MAX ? "its header length is over "
                   "100 MiB: not a safetensors file" : "its header runs past the end of the file "
                   "(truncated)");
@@ -211,7 +221,7 @@ static st_file *open_file(hf_dir *h, const char *name, ff_diag *d) {
   }
   f->header = cJSON_ParseWithLength((const char *)f->buf + 8, (size_t)hlen);
   if (!cJSON_IsObject(f->header)) {
-    ff_diag_error(d, NULL, "%s: byte 8: the header (%llu bytes) is not a JSON object", path,
+    hf_error(d, path, NULL, "byte 8: the header (%llu bytes) is not a JSON object",
                   (unsigned long long)hlen);
     return NULL;
   }
@@ -289,7 +299,9 @@ static bool load_tensor(hf_dir *h, const ff_tensor *t, float *dst, int64_t D, ff
   if (h->weight_map) {
     const cJSON *w = cJSON_GetObjectItemCaseSensitive(h->weight_map, name);
     if (!cJSON_IsString(w)) {
-      ff_diag_error(d, name, "%s/model.safetensors.index.json: weight_map has no %s", h->dir, name);
+      char index[4200];
+      snprintf(index, sizeof index, "%s/model.safetensors.index.json", h->dir);
+      hf_error(d, index, "weight_map", "has no %s", name);
       return false;
     }
     file = w->valuestring;
@@ -299,7 +311,7 @@ static bool load_tensor(hf_dir *h, const ff_tensor *t, float *dst, int64_t D, ff
     return false;
   const cJSON *o = cJSON_GetObjectItemCaseSensitive(f->header, name);
   if (!o) {
-    ff_diag_error(d, name, "%s: has no tensor %s", f->path, name);
+    hf_error(d, f->path, name, "is not in the file (the plan's model has it)");
     return false;
   }
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(o, "dtype");
@@ -311,7 +323,7 @@ static bool load_tensor(hf_dir *h, const ff_tensor *t, float *dst, int64_t D, ff
              : strcmp(dt->valuestring, "F16") == 0  ? 3 /* 2 bytes; 3 tells it from BF16 */
                                                     : 0;
   if (!size) {
-    ff_diag_error(d, name, "%s: dtype %s%s%s is not one of F32, BF16, F16", f->path,
+    hf_error(d, f->path, name, "dtype %s%s%s is not one of F32, BF16, F16",
                   cJSON_IsString(dt) ? "\"" : "", cJSON_IsString(dt) ? dt->valuestring : "(none)",
                   cJSON_IsString(dt) ? "\"" : "");
     return false;
@@ -322,7 +334,7 @@ static bool load_tensor(hf_dir *h, const ff_tensor *t, float *dst, int64_t D, ff
                   cJSON_GetArrayItem(shape, 0)->valuedouble == (double)t->rows &&
                   (dims == 1 || cJSON_GetArrayItem(shape, 1)->valuedouble == (double)t->cols);
   if (!shape_ok) {
-    ff_diag_error(d, name, "%s: shape is not [%lld%s%lld] (the plan's model)", f->path,
+    hf_error(d, f->path, name, "shape is not [%lld%s%lld] (the plan's model)",
                   (long long)t->rows, dims == 2 ? ", " : "", dims == 2 ? (long long)t->cols : 0LL);
     return false;
   }
@@ -331,8 +343,8 @@ static bool load_tensor(hf_dir *h, const ff_tensor *t, float *dst, int64_t D, ff
   double b = cJSON_GetArraySize(off) == 2 ? cJSON_GetArrayItem(off, 1)->valuedouble : -1;
   if (!(a >= 0 && b >= a && b <= (double)data_len &&
         b - a == (double)t->rows * (double)t->cols * (double)bytes)) {
-    ff_diag_error(d, name, "%s: data_offsets [%.0f, %.0f] are not %lld bytes within the %zu bytes "
-                  "of data (truncated?)", f->path, a, b,
+    hf_error(d, f->path, name, "data_offsets [%.0f, %.0f] are not %lld bytes within the %zu bytes "
+                  "of data (truncated?)", a, b,
                   (long long)(t->rows * t->cols * (int64_t)bytes), data_len);
     return false;
   }
@@ -368,7 +380,7 @@ ff_status ff_hf_load(const char *dir, ff_model_rank *mr, ff_diag *d) {
     ok = (h->index = read_json(index, d)) != NULL;
     h->weight_map = ok ? cJSON_GetObjectItemCaseSensitive(h->index, "weight_map") : NULL;
     if (ok && !cJSON_IsObject(h->weight_map)) {
-      ff_diag_error(d, "weight_map", "%s: expected an object naming each tensor's file", index);
+      hf_error(d, index, "weight_map", "expected an object naming each tensor's file");
       ok = false;
     }
   }

@@ -149,7 +149,7 @@ checks=$((checks + 1))
 # Bad directories: status 2, the file and what is wrong named.
 cp -r "$tmp/gqa" "$tmp/wide"
 sed -i 's/"hidden_size": 64/"hidden_size": 128/' "$tmp/wide/config.json"
-expect 2 "config.json: is 128, but the plan's model has hidden 64" \
+expect 2 "wide/config.json: hidden_size: is 128, but the plan's model has hidden 64" \
   "$ffrun" "$tmp/gqa-1rank.json" --text LICENSE --init-from "$tmp/wide" --quiet
 expect 2 "tie_word_embeddings" "$ffrun" "$tmp/gqa-1rank.json" --text LICENSE --init-from "$tmp/tied" --quiet
 cp -r "$tmp/gqa-bf16" "$tmp/noshard"

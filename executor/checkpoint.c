@@ -268,6 +268,13 @@ static const char *meta_string(const cJSON *md, const char *key) {
   return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+void ff_drop_pages(const void *p, size_t n) {
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), from = (uintptr_t)p;
+  uintptr_t lo = (from + page - 1) & ~(page - 1), hi = (from + n) & ~(page - 1);
+  if (hi > lo)
+    madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 /* The data section is as long as the header says and every MiB matches its checksum. */
 static ff_status check_integrity(const cJSON *md, const unsigned char *file, size_t len,
                                  size_t hlen, ff_diag *d) {
@@ -295,6 +302,7 @@ static ff_status check_integrity(const cJSON *md, const unsigned char *file, siz
       return FF_ERR_INPUT;
     }
     p += 16 + (p[16] == ',');
+    ff_drop_pages(file + start + off, n); /* checking the whole file must not hold it */
   }
   return FF_OK;
 }
@@ -324,6 +332,7 @@ static ff_status load_tensors(const ff_ckpt_view *v, ff_model_rank *mr, ff_diag 
         return FF_ERR_INPUT;
       }
       copy_slice(host + t->offset, src, t);
+      ff_drop_pages(src, (size_t)(t->rows * t->cols) * 4);
     }
     mr->k->to_device(block_of(mr, which), host, (size_t)mr->n_params * sizeof *host);
   }

@@ -63,6 +63,10 @@ void ff_checkpoint_close(ff_ckpt_view *v);
  * missing, of another dtype or shape, or not within the data. */
 const unsigned char *ff_checkpoint_tensor(const ff_ckpt_view *v, const char *name, int64_t rows,
                                           int64_t cols);
+/* The whole pages within [p, p + n) of a read-only file mapping leave this process's resident
+ * set; they stay in the page cache and read back from there. Reading a mapped file a piece at a
+ * time then holds one piece, not the file (a checkpoint checked, loaded or exported). */
+void ff_drop_pages(const void *p, size_t n);
 /* Load this rank's slices of parameters and moments; meta receives the file's metadata. A
  * checkpoint of another model (digest) or with a missing or misshapen tensor is refused. The
  * file is mapped, not read into memory, so ranks on one host share its pages. */

@@ -187,6 +187,7 @@ static ff_status write_shard(const char *path, const ff_ckpt_view *v, const ff_m
       }
       ff_atomic_write(f, row, (size_t)t->cols * 2);
     }
+    ff_drop_pages(src, (size_t)(t->rows * t->cols) * 4);
   }
   free(row);
   return ff_atomic_commit(f, d);

@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "checkpoint.h"
+
 enum { HF_MAX_FILES = 1024 };
 
 /* An error about `file` (at JSON path `key`, or the file as a whole when NULL): the message is
@@ -357,10 +359,8 @@ static bool load_tensor(hf_dir *h, const ff_tensor *t, float *dst, int64_t D, ff
     for (int64_t c = 0; c < w; c++)
       out[c] = element(row, size == 4 ? 4 : size == 2 ? 2 : 3, (size_t)(t->col_first + c));
   }
-  /* The pages read stay in the page cache but leave this rank's resident set, so loading
-   * never holds more of the files than one tensor (a column slice touches every page). */
-  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)src & ~(page - 1);
-  madvise((void *)lo, (uintptr_t)src + (size_t)(b - a) - lo, MADV_DONTNEED);
+  /* loading holds no more of the files than one tensor (a column slice touches every page) */
+  ff_drop_pages(src, (size_t)(b - a));
   return true;
 }
 

@@ -285,28 +285,12 @@ checks=$((checks + 1))
 cmp -s "$tmp/e-old/model.safetensors" "$tmp/e32/model.safetensors" || fail "export with --plan differs"
 
 # ---- loading is sharded: a 146 MB model (fp32, one file) under TP 2 + PP 2 ------------------
-"$py" - "$tmp" <<'PY' || fail "could not make the 146 MB model"
-import json, sys, torch
-from transformers import LlamaConfig, LlamaForCausalLM
-d = sys.argv[1]
-torch.manual_seed(3)
-cfg = LlamaConfig(vocab_size=65536, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                  num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-                  rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=False)
-LlamaForCausalLM(cfg).save_pretrained(d + "/big", safe_serialization=True)
-p = json.load(open(d + "/gqa-pp2-tp31.json"))
-p["inputs"]["model"].update(name="big-gqa", hidden=256, ffn_hidden=688, vocab=65536)
-for st in p["pipelines"][0]["stages"]:
-    for i, r in enumerate(st["ranks"]):
-        r.update(heads=[2 * i, 2 * i + 2], kv_heads=[i, i + 1], ffn=[344 * i, 344 * i + 344],
-                 vocab=[32768 * i, 32768 * i + 32768])
-json.dump(p, open(d + "/big.json", "w"), indent=1)
-PY
+"$py" tests/cli/big_llama.py "$tmp" || fail "could not make the 146 MB model"
 for mode in random init; do
   extra=()
   [ "$mode" = init ] && extra=(--init-from "$tmp/big")
   expect 0 "" timeout 300 mpirun -np 4 --oversubscribe sh -c '/usr/bin/time -f %M -o "$0.$OMPI_COMM_WORLD_RANK" "$@"' \
-    "$tmp/rss.$mode" "$ffrun" "$tmp/big.json" --text LICENSE --steps 1 --quiet "${extra[@]}"
+    "$tmp/rss.$mode" "$ffrun" "$tmp/four.json" --text LICENSE --steps 1 --quiet "${extra[@]}"
 done
 model_kb=$(( $(stat -c %s "$tmp/big/model.safetensors") / 1024 ))
 for r in 0 1 2 3; do

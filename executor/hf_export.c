@@ -240,27 +240,30 @@ static ff_status open_checkpoint(const char *arg, char *path, size_t cap, ff_ckp
 /* Old files of an export's names that the new one did not write: a model.safetensors would be
  * read before a new index, and stale shards or index only mislead. */
 static void remove_stale(const char *dir, char (*names)[64], int n_names) {
-  DIR *dp = opendir(dir);
-  if (!dp)
-    return;
-  struct dirent *e;
-  char doomed[64][300];
-  int n = 0;
-  while ((e = readdir(dp)) && n < 64) {
-    int a, b, at = 0;
-    bool ours = strcmp(e->d_name, "model.safetensors") == 0 ||
-                strcmp(e->d_name, "model.safetensors.index.json") == 0 ||
-                (sscanf(e->d_name, "model-%5d-of-%5d.safetensors%n", &a, &b, &at) == 2 &&
-                 at > 0 && e->d_name[at] == '\0');
-    for (int i = 0; ours && i < n_names; i++)
-      if (strcmp(e->d_name, names[i]) == 0)
-        ours = false;
-    if (ours)
-      snprintf(doomed[n++], sizeof doomed[0], "%s/%s", dir, e->d_name);
+  for (int n = 1; n > 0;) { /* 64 at a time, until none is left */
+    DIR *dp = opendir(dir);
+    if (!dp)
+      return;
+    struct dirent *e;
+    static char doomed[64][4400];
+    n = 0;
+    while ((e = readdir(dp)) && n < 64) {
+      int a, b, at = 0;
+      bool ours = strcmp(e->d_name, "model.safetensors") == 0 ||
+                  strcmp(e->d_name, "model.safetensors.index.json") == 0 ||
+                  (sscanf(e->d_name, "model-%5d-of-%5d.safetensors%n", &a, &b, &at) == 2 &&
+                   at > 0 && e->d_name[at] == '\0');
+      for (int i = 0; ours && i < n_names; i++)
+        if (strcmp(e->d_name, names[i]) == 0)
+          ours = false;
+      if (ours)
+        snprintf(doomed[n++], sizeof doomed[0], "%s/%s", dir, e->d_name);
+    }
+    closedir(dp);
+    for (int i = 0; i < n; i++)
+      if (remove(doomed[i]) != 0)
+        return; /* it stays; do not look for it again */
   }
-  closedir(dp);
-  for (int i = 0; i < n; i++)
-    remove(doomed[i]);
 }
 
 ff_status ff_hf_export(const ff_export_opts *o) {
@@ -289,6 +292,11 @@ ff_status ff_hf_export(const ff_export_opts *o) {
                           {0, m.vocab}};
     st = ff_model_rank_init_layout(&layout, &m, &spec);
     have_layout = st == FF_OK;
+    if (st == FF_OK && layout.n_tensors > MAX_TENSORS) {
+      ff_diag_error(&d, "__metadata__.model_json", "a model of %d tensors; export writes at most %d",
+                    layout.n_tensors, MAX_TENSORS);
+      st = FF_ERR_INPUT;
+    }
   }
   for (int i = 0; st == FF_OK && i < layout.n_tensors; i++) {
     const ff_tensor *t = &layout.tensors[i];
@@ -366,7 +374,6 @@ ff_status ff_hf_export(const ff_export_opts *o) {
     cJSON_Delete(c);
   }
   if (st == FF_OK) {
-    remove_stale(o->out_dir, names, n_names);
     for (int i = 0; st == FF_OK && i < n_names; i++) {
       char from[4400], to[4400];
       snprintf(from, sizeof from, "%s/%s", stage, names[i]);
@@ -376,6 +383,8 @@ ff_status ff_hf_export(const ff_export_opts *o) {
         st = FF_ERR_RUNTIME;
       }
     }
+    if (st == FF_OK) /* only once the new files are in place */
+      remove_stale(o->out_dir, names, n_names);
     int fd = open(o->out_dir, O_RDONLY);
     if (fd >= 0) {
       fsync(fd);

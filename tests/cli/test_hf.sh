@@ -246,6 +246,13 @@ want=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['val_e32'
 awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 1e-4 * b) }' ||
   fail "validation after step 3 under TP 3:1 + PP 2: ffrun $got, transformers $want"
 echo "validation loss after step 3, TP 3:1 + PP 2: ffrun $got, transformers $want"
+# An export over another replaces it whole: the bf16 shards and their index give way to one file.
+cp -r "$tmp/e16" "$tmp/e-over"
+expect 0 "" "$ffrun" export "$tmp/ck" -o "$tmp/e-over" --quiet
+checks=$((checks + 1))
+[ "$(ls -A "$tmp/e-over" | tr '\n' ' ')" = "config.json model.safetensors " ] &&
+  cmp -s "$tmp/e-over/model.safetensors" "$tmp/e32/model.safetensors" ||
+  fail "an export over a sharded one left: $(ls -A "$tmp/e-over" | tr '\n' ' ')"
 run 1 gqa-1rank.json e32 m6.jsonl
 compare "$tmp/m6.jsonl" e32 "export, then --init-from, one rank"
 

@@ -48,6 +48,11 @@ typedef struct group_cache {
   ff_group *group;
 } group_cache;
 
+/* The kinds of phase an emulated device times apart (the last micro-batch's backward also
+ * checks and starts the gradient sums; a validation's forward has no head gradient). */
+enum { FF_PHASE_FORWARD, FF_PHASE_BACKWARD, FF_PHASE_LAST_BACKWARD, FF_PHASE_OPTIMIZER,
+       FF_PHASE_VALIDATION, FF_PHASE_KINDS };
+
 typedef struct dist {
   const ff_plan *plan;
   const ff_kernels *k;
@@ -101,7 +106,7 @@ typedef struct dist {
   double c_comm;
   /* The least processor time each kind of phase has taken on this rank (FF_PHASE_*): the
    * emulated device takes throttle × that, a fixed speed, as a real device's is. */
-  double phase_cpu[4];
+  double phase_cpu[FF_PHASE_KINDS];
   /* A backend whose memory the host cannot touch (CUDA) works through host copies: tp_stage
    * for the TP collectives (page-locked, tokens × max(hidden, ...) floats), host_block for the
    * gradient sums and checkpoints (n_params floats). Both NULL on the CPU backend. */
@@ -144,10 +149,6 @@ static inline double now(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
-
-/* The kinds of phase an emulated device times apart (the last micro-batch's backward also
- * checks and starts the gradient sums). */
-enum { FF_PHASE_FORWARD, FF_PHASE_BACKWARD, FF_PHASE_LAST_BACKWARD, FF_PHASE_OPTIMIZER };
 
 /* The processor time the throttle counts (0 when it counts none: see dist.throttle_cpu). */
 static inline double cpu_now(const dist *d) { return d->throttle_cpu ? ff_cpu_seconds() : 0; }

@@ -312,7 +312,7 @@ static void run_forward(dist *d, const ff_data *data, int64_t batch, int64_t j, 
   /* the head's gradients are final (none when validating) */
   d->mr.last_micro_batch = !d->mr.no_grad && j == d->pl->micro_batches - 1;
   ff_model_rank_forward(&d->mr, slot_of(d, j), b, in, x_in, tg, grad_scale, out, loss);
-  compute_done(d, m, FF_PHASE_FORWARD);
+  compute_done(d, m, d->mr.no_grad ? FF_PHASE_VALIDATION : FF_PHASE_FORWARD);
   if (!d->st->embedding)
     repost_recv(d, FWD, j);
 }

@@ -11,10 +11,11 @@ rc=$?
 cat "$tmp/stdout"
 fail=0
 [ $rc -eq 0 ] || { echo "FAIL: run.sh exited $rc"; tail -20 "$tmp/stderr"; fail=1; }
-# build, 1 kernel check, 5 training curves, 4 ranks, NCCL, 3 benchmark runs, profile
+# build, 1 kernel check, 5 training curves, 4 ranks, NCCL, validation, 3 benchmark runs, profile
 rows=$(grep -c '^| [0-9b]' "$tmp/summary.md" 2>/dev/null)
-[ "${rows:-0}" -eq 13 ] || { echo "FAIL: the summary has ${rows:-no} parts, not 13"; fail=1; }
-for part in "1. kernels" "2. 20 steps" "3. 4-rank" "3b. --comm nccl" "4. llama-1b" "5. profile"; do
+[ "${rows:-0}" -eq 14 ] || { echo "FAIL: the summary has ${rows:-no} parts, not 14"; fail=1; }
+for part in "1. kernels" "2. 20 steps" "3. 4-rank" "3b. --comm nccl" "3c. validation" "4. llama-1b" \
+  "5. profile"; do
   grep -q "^| $part" "$tmp/summary.md" 2>/dev/null || { echo "FAIL: no part '$part'"; fail=1; }
 done
 grep -q 'MFU [0-9.]* %' "$tmp/summary.md" 2>/dev/null || { echo "FAIL: no MFU figure"; fail=1; }

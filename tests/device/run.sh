@@ -12,7 +12,8 @@
 #      with the default attention and each other one;
 #   3. a 4-rank plan (DP + PP + uneven TP with a shared kv head) on the one GPU under mpirun
 #      (--comm mpi: NCCL refuses two ranks on one GPU), against the one-rank GPU run of the same
-#      model; and the NCCL backend on one rank (several need several GPUs);
+#      model, its validation loss too; and the NCCL backend on one rank (several need several
+#      GPUs);
 #   4. the ~1B Llama on one GPU, with each attention: tokens/s, MFU against 989 TFLOP/s (printed
 #      against the 50 % target), the step split into matmul, attention and the rest; fails when a
 #      loss is not finite or the backend's memory is more than 5 % off the prediction less the
@@ -140,10 +141,11 @@ done
 # ---- 3. a 4-rank plan on the one GPU -----------------------------------------------------------
 if part 3; then
 say "4 ranks on one GPU under mpirun"
-$ffrun tests/plans/one-rank.json --text LICENSE --steps 5 --quiet --backend $backend \
+val=(--eval-data README.md --eval-batches 2) # a validation after step 5 (the last)
+$ffrun tests/plans/one-rank.json --text LICENSE --steps 5 --quiet --backend $backend "${val[@]}" \
   --metrics "$out/one-gpu.jsonl" 2>"$out/one-gpu.err"
 timeout 180 mpirun -np 4 $ffrun tests/device/dp-pp-tp-4rank.json --text LICENSE --steps 5 --quiet \
-  --backend $backend --metrics "$out/four-gpu.jsonl" >"$out/four-gpu.log" 2>&1
+  --backend $backend "${val[@]}" --metrics "$out/four-gpu.jsonl" >"$out/four-gpu.log" 2>&1
 detail=$(losses_compare "$out/one-gpu.jsonl" "$out/four-gpu.jsonl" 1e-4) && r=pass || r=FAIL
 row "3. 4-rank DP+PP+uneven TP = 1 rank (GPU)" $r "$detail"
 
@@ -156,6 +158,11 @@ else
   detail=$(losses_compare "$out/one-gpu.jsonl" "$out/nccl-1.jsonl" 1e-6) && r=pass || r=FAIL
   row "3b. --comm nccl, 1 rank (bootstrap, splits, watchdog)" $r "$detail"
 fi
+vals=$(for f in one-gpu four-gpu; do [ -s "$out/$f.jsonl" ] && metrics_last "$out/$f.jsonl" val_loss; done)
+detail=$(echo $vals | awk '{ d = $1 - $2; d = d < 0 ? -d : d; rel = (NF == 2 && $1 > 0) ? d / $1 : 1
+  printf "validation loss %s (1 rank) vs %s (4 ranks), rel %.2e (tolerance 1e-4)", $1, $2, rel
+  exit !(NF == 2 && $1 != "null" && rel <= 1e-4) }') && r=pass || r=FAIL
+row "3c. validation (--eval-data), 4 ranks = 1 rank (GPU)" $r "$detail"
 fi
 
 # ---- 4. the ~1B Llama on one GPU ---------------------------------------------------------------

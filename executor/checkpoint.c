@@ -340,8 +340,7 @@ static ff_status load_tensors(const ff_ckpt_view *v, ff_model_rank *mr, ff_diag 
   return FF_OK;
 }
 
-/* The file's bytes, mapped read-only (*buf NULL for an empty file). */
-static ff_status map_file(const char *file, ff_diag *d, char **buf, size_t *len) {
+ff_status ff_map_file(const char *file, ff_diag *d, char **buf, size_t *len) {
   *buf = NULL;
   *len = 0;
   int fd = open(file, O_RDONLY);
@@ -353,7 +352,7 @@ static ff_status map_file(const char *file, ff_diag *d, char **buf, size_t *len)
     return FF_ERR_INPUT;
   }
   if (!S_ISREG(sb.st_mode)) {
-    ff_diag_error(d, NULL, "not a regular file, expected a safetensors checkpoint");
+    ff_diag_error(d, NULL, "not a regular file, expected a safetensors file");
     close(fd);
     return FF_ERR_INPUT;
   }
@@ -373,7 +372,7 @@ ff_status ff_checkpoint_open(const char *file, ff_ckpt_view *v, ff_diag *d) {
   memset(v, 0, sizeof *v);
   const char *saved = d->file;
   d->file = file;
-  ff_status st = map_file(file, d, &v->buf, &v->len);
+  ff_status st = ff_map_file(file, d, &v->buf, &v->len);
   if (st == FF_OK && v->len < 8) {
     ff_diag_error(d, NULL, "%zu bytes is too short for a safetensors file", v->len);
     st = FF_ERR_INPUT;
@@ -432,7 +431,8 @@ const unsigned char *ff_checkpoint_tensor(const ff_ckpt_view *v, const char *nam
             (want_dims == 1 || cJSON_GetArrayItem(shape, 1)->valuedouble == (double)cols);
   double a = ok ? cJSON_GetArrayItem(off, 0)->valuedouble : 0;
   double b = ok ? cJSON_GetArrayItem(off, 1)->valuedouble : 0;
-  if (!ok || a < 0 || b > (double)v->data_len || b - a != (double)rows * (double)cols * 4)
+  if (!ok || a < 0 || b > (double)v->data_len || b - a != (double)rows * (double)cols * 4 ||
+      (uint64_t)a % 4 != 0) /* ffrun writes F32 tensors 4-byte aligned (the header padded to 8) */
     return NULL;
   return v->data + (size_t)a;
 }

@@ -63,6 +63,9 @@ void ff_checkpoint_close(ff_ckpt_view *v);
  * missing, of another dtype or shape, or not within the data. */
 const unsigned char *ff_checkpoint_tensor(const ff_ckpt_view *v, const char *name, int64_t rows,
                                           int64_t cols);
+/* A file's bytes, mapped read-only (*buf NULL for an empty file); errors are named by d->file.
+ * munmap(*buf, *len) when done. */
+ff_status ff_map_file(const char *file, ff_diag *d, char **buf, size_t *len);
 /* The whole pages within [p, p + n) of a read-only file mapping leave this process's resident
  * set; they stay in the page cache and read back from there. Reading a mapped file a piece at a
  * time then holds one piece, not the file (a checkpoint checked, loaded or exported). */

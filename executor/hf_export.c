@@ -15,19 +15,10 @@
 
 #include "checkpoint.h"
 #include "ff_json.h"
+#include "ff_kernels.h"
 #include "hf_init.h"
 
 #define MAX_TENSORS 8192
-
-/* fp32 → bf16 rounded to nearest, ties to even (as torch's .to(torch.bfloat16)); a NaN stays a
- * quiet NaN of the same sign. */
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u)
-    return (uint16_t)((u >> 16) | 0x40u);
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 /* The checkpoint row written as file row `fr` of q_proj or k_proj: ff_hf_row's inverse. */
 static int64_t ffrun_row(int64_t fr, bool rotary, int64_t D) {
@@ -161,7 +152,8 @@ static ff_status write_shard(const char *path, const ff_ckpt_view *v, const ff_m
   int64_t D = layout->model->hidden / layout->model->heads, widest = 1;
   for (int i = sh->first; i < sh->end; i++)
     widest = layout->tensors[i].cols > widest ? layout->tensors[i].cols : widest;
-  unsigned char *row = malloc((size_t)widest * 2);
+  const ff_kernels *cpu = ff_kernels_cpu(1);
+  uint16_t *row = malloc((size_t)widest * sizeof *row);
   if (!row) {
     ff_atomic_discard(f);
     return FF_ERR_RUNTIME;
@@ -178,13 +170,9 @@ static ff_status write_shard(const char *path, const ff_ckpt_view *v, const ff_m
         ff_atomic_write(f, s, (size_t)t->cols * 4);
         continue;
       }
-      for (int64_t c = 0; c < t->cols; c++) {
-        float x;
-        memcpy(&x, s + 4 * c, sizeof x);
-        uint16_t b = to_bf16(x);
-        row[2 * c] = (unsigned char)b;
-        row[2 * c + 1] = (unsigned char)(b >> 8);
-      }
+      /* rounded as bf16 plans round (to nearest, ties to even: torch's .to(torch.bfloat16));
+       * the tensor's data is 4-byte aligned (ff_checkpoint_tensor) */
+      cpu->to_bf16(row, (const float *)(const void *)s, t->cols);
       ff_atomic_write(f, row, (size_t)t->cols * 2);
     }
     ff_drop_pages(src, (size_t)(t->rows * t->cols) * 4);

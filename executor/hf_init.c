@@ -3,18 +3,16 @@
 #include "hf_init.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "ff_json.h"
 
 enum { HF_MAX_FILES = 1024 };
 
@@ -29,38 +27,18 @@ enum { HF_MAX_FILES = 1024 };
   } while (0)
 #define HF_HEADER_MAX (100u << 20) /* bytes of JSON header: beyond it the file is not sane */
 
-/* A file's whole text, or NULL having said why (with the file's name). */
-static char *read_text(const char *path, ff_diag *d) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    hf_error(d, path, NULL, "cannot open: %s", strerror(errno));
-    return NULL;
-  }
-  char *buf = NULL;
-  long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-  if (n >= 0 && n < (1L << 26) && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) &&
-      fread(buf, 1, (size_t)n, f) == (size_t)n) {
-    buf[n] = '\0';
-  } else {
-    free(buf);
-    buf = NULL;
-    hf_error(d, path, NULL, "cannot read (or larger than 64 MiB)");
-  }
-  fclose(f);
-  return buf;
-}
-
+/* A JSON object from a file (read as every input is: ff_json_load), or NULL having said why,
+ * naming the file. */
 static cJSON *read_json(const char *path, ff_diag *d) {
-  char *text = read_text(path, d);
-  if (!text)
-    return NULL;
-  cJSON *j = cJSON_Parse(text);
-  free(text);
-  if (!j || !cJSON_IsObject(j)) {
-    hf_error(d, path, NULL, "not a JSON object");
+  const char *saved = d->file;
+  d->file = path;
+  cJSON *j = NULL;
+  if (ff_json_load(path, d, &j) == FF_OK && !cJSON_IsObject(j)) {
+    ff_diag_error(d, NULL, "not a JSON object");
     cJSON_Delete(j);
-    return NULL;
+    j = NULL;
   }
+  d->file = saved;
   return j;
 }
 
@@ -193,23 +171,14 @@ static st_file *open_file(hf_dir *h, const char *name, ff_diag *d) {
   st_file *f = &h->files[h->n_files];
   memset(f, 0, sizeof *f);
   snprintf(f->path, sizeof f->path, "%s", path);
-  int fd = open(path, O_RDONLY);
-  struct stat sb;
-  if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    hf_error(d, path, NULL, "cannot open%s%s", fd < 0 ? ": " : " as a regular file",
-                  fd < 0 ? strerror(errno) : "");
-    if (fd >= 0)
-      close(fd);
+  const char *saved = d->file;
+  d->file = path;
+  char *p;
+  ff_status st = ff_map_file(path, d, &p, &f->len);
+  d->file = saved;
+  if (st != FF_OK)
     return NULL;
-  }
-  f->len = (size_t)sb.st_size;
-  void *p = f->len ? mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
-  close(fd);
-  if (p == MAP_FAILED) {
-    hf_error(d, path, NULL, "cannot map %zu bytes: %s", f->len, strerror(errno));
-    return NULL;
-  }
-  f->buf = p;
+  f->buf = (unsigned char *)p;
   h->n_files++; /* from here close_files unmaps it */
   uint64_t hlen = 0;
   for (int i = 0; f->len >= 8 && i < 8; i++)
